@@ -1,0 +1,51 @@
+"""The one small protocol every backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from onepass.cache import CacheStats
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Candidate logits per suffix, in the order the candidates were given.
+
+    ``cached_tokens`` is how many prefix tokens came from the prefix cache instead of being
+    computed for this call.
+    """
+
+    logits: list[list[float]]
+    cached_tokens: int
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    special_tokens: tuple[str, ...]
+    chat_template: str | None
+
+    def encode(self, text: str, *, bos: bool = True) -> list[int]:
+        """Token ids of ``text``; ``bos`` adds the model's begin-of-sequence token if it uses one."""
+        ...
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The model's chat template applied to ``messages`` with the generation prompt."""
+        ...
+
+    def score(
+        self,
+        prefix: Sequence[int],
+        suffixes: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[int]],
+    ) -> ScoreResult:
+        """Logits of ``candidates[i]`` at the last position of ``prefix + suffixes[i]``."""
+        ...
+
+    def prefill(self, prefix: Sequence[int]) -> int:
+        """Compute and cache ``prefix`` ahead of time; returns how many tokens were reused."""
+        ...
+
+    def cache_stats(self) -> CacheStats: ...

@@ -1,0 +1,269 @@
+"""In-process PyTorch backend (transformers models): the shared-prefix, packed-suffix fast path.
+
+One request costs:
+
+1. the prefix (system context + state): taken from the prefix cache, or computed once on top
+   of the longest cached entry it starts with;
+2. every question suffix in ONE forward: the suffixes are packed into a single sequence with a
+   block-diagonal causal mask over themselves, full visibility of the prefix, and positions
+   restarted at the prefix length, so each suffix sees exactly what it would see alone;
+3. the last hidden state of each suffix times the output-projection rows of its candidate
+   labels only (a few dot products instead of the full vocabulary).
+
+Cached key/value tensors are never written to: each forward builds a fresh cache object whose
+layers concatenate new tensors onto the stored ones.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from onepass.backends.base import ScoreResult
+from onepass.cache import CacheStats, PrefixCache
+from onepass.models import check_family
+
+KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise ValueError(f"device: expected auto, cpu, cuda or mps, got {device!r}")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """float32 on CPU (bfloat16 is slower and noisier there); bf16/fp16 on accelerators."""
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in table:
+        raise ValueError(f"dtype: expected auto, float32, bfloat16 or float16, got {dtype!r}")
+    return table[dtype]
+
+
+class TorchBackend:
+    """A transformers causal LM behind the backend protocol."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        cache_entries: int = 16,
+        cache_tokens: int = 32768,
+    ):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        config = model.config.get_text_config(decoder=True)
+        self.config = config
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.window = getattr(config, "sliding_window", None)
+        self.layer_types = tuple(getattr(config, "layer_types", None) or ())
+        self.device = next(model.parameters()).device
+        self.cache: PrefixCache[KV] = PrefixCache(cache_entries, cache_tokens)
+        self.chat_template = getattr(tokenizer, "chat_template", None)
+        self.special_tokens = tuple(
+            sorted({str(t) for t in tokenizer.all_special_tokens} | _added_special(tokenizer))
+        )
+        probe = tokenizer("a", add_special_tokens=True)["input_ids"]
+        bos = tokenizer.bos_token_id
+        self.bos_id = bos if bos is not None and probe and probe[0] == bos else None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        name: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        cache_entries: int = 16,
+        cache_tokens: int = 32768,
+        adapter: str | Path | None = None,
+    ) -> TorchBackend:
+        family = check_family(Path(path) / "config.json")
+        dev = pick_device(device)
+        torch_dtype = pick_dtype(dtype, dev)
+        # Gemma 2 caps attention logits, which only the eager kernel implements.
+        attn = "eager" if family == "gemma2" else "sdpa"
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, attn_implementation=attn
+        ).to(dev)
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        return cls(
+            model, tokenizer, name=name, cache_entries=cache_entries, cache_tokens=cache_tokens
+        )
+
+    # ------------------------------------------------------------------ tokenizer
+
+    def encode(self, text: str, *, bos: bool = True) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return list(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _forward(
+        self,
+        ids: Sequence[int],
+        positions: torch.Tensor,
+        past: KV | None,
+        mask: Any = None,
+    ) -> tuple[torch.Tensor, KV]:
+        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
+        out = self.decoder(
+            input_ids=torch.tensor([list(ids)], device=self.device),
+            position_ids=positions[None].to(self.device),
+            attention_mask=mask,
+            cache=cache,
+            use_cache=True,
+        )
+        kv = tuple((layer.keys, layer.values) for layer in cache.layers)
+        return out.last_hidden_state[0], kv
+
+    def _prefix_kv(self, prefix: Sequence[int]) -> tuple[KV | None, int]:
+        """The prefix's key/values, from the cache or computed on top of a cached part."""
+        if not prefix:
+            return None, 0
+        cached_len, kv = self.cache.longest_prefix(prefix)
+        if cached_len < len(prefix):
+            positions = torch.arange(cached_len, len(prefix))
+            _, kv = self._forward(prefix[cached_len:], positions, kv)
+            self.cache.put(prefix, kv)
+        return kv, cached_len
+
+    def _packed_mask(self, prefix_len: int, lengths: Sequence[int]) -> tuple[Any, torch.Tensor]:
+        """Additive masks (per layer type) for suffixes packed after a shared prefix."""
+        block = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+        offsets = torch.cat([torch.arange(n) for n in lengths])
+        positions = prefix_len + offsets
+        same_block = block[:, None] == block[None, :]
+        causal = offsets[None, :] <= offsets[:, None]
+        allowed = torch.cat(
+            [torch.ones(len(block), prefix_len, dtype=torch.bool), same_block & causal], dim=1
+        )
+        key_pos = torch.cat([torch.arange(prefix_len), positions])
+        dtype = self.decoder.dtype if hasattr(self.decoder, "dtype") else torch.float32
+
+        def additive(window: int | None) -> torch.Tensor:
+            ok = allowed if window is None else allowed & (key_pos[None, :] > positions[:, None] - window)
+            mask = torch.zeros(ok.shape, dtype=dtype)
+            mask.masked_fill_(~ok, torch.finfo(dtype).min)
+            return mask[None, None].to(self.device)
+
+        if self.layer_types:
+            masks = {
+                kind: additive(self.window if kind == "sliding_attention" else None)
+                for kind in set(self.layer_types)
+            }
+            return masks, positions
+        return additive(self.window), positions
+
+    def _candidate_logits(
+        self, hidden: torch.Tensor, candidates: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Project each row only onto its candidates' output rows (not the whole vocabulary)."""
+        weight = self.lm_head.weight
+        bias = getattr(self.lm_head, "bias", None)
+        out = []
+        for row, ids in zip(hidden, candidates):
+            index = torch.tensor(list(ids), device=weight.device)
+            logits = (weight[index].float() @ row.float())
+            if bias is not None:
+                logits = logits + bias[index].float()
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            out.append(logits.tolist())
+        return out
+
+    # ------------------------------------------------------------------ protocol
+
+    @torch.inference_mode()
+    def prefill(self, prefix: Sequence[int]) -> int:
+        with self._lock:
+            _, cached = self._prefix_kv(prefix)
+            return cached
+
+    @torch.inference_mode()
+    def pin(self, prefix: Sequence[int]) -> None:
+        """Compute ``prefix`` once and keep it resident outside the LRU (system context)."""
+        with self._lock:
+            kv, _ = self._prefix_kv(prefix)
+            if kv is not None:
+                self.cache.pin(prefix, kv)
+
+    @torch.inference_mode()
+    def score(
+        self,
+        prefix: Sequence[int],
+        suffixes: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[int]],
+    ) -> ScoreResult:
+        if len(suffixes) != len(candidates):
+            raise ValueError("one candidate list per suffix is needed")
+        if not suffixes:
+            return ScoreResult([], 0)
+        if any(len(s) == 0 for s in suffixes):
+            raise ValueError("every suffix needs at least one token")
+        with self._lock:
+            kv, cached = self._prefix_kv(prefix)
+            lengths = [len(s) for s in suffixes]
+            mask, positions = self._packed_mask(len(prefix), lengths)
+            packed = [t for s in suffixes for t in s]
+            hidden, _ = self._forward(packed, positions, kv, mask)
+            ends = torch.tensor(lengths).cumsum(0) - 1
+            logits = self._candidate_logits(hidden[ends.to(hidden.device)], candidates)
+        return ScoreResult(logits, cached)
+
+    @torch.inference_mode()
+    def reference_logits(self, tokens: Sequence[int], candidates: Sequence[int]) -> list[float]:
+        """The naive path: one plain full forward of the whole prompt, full-vocabulary logits.
+
+        Used by tests and benchmarks to prove the fast path reads the same numbers.
+        """
+        with self._lock:
+            out = self.model(input_ids=torch.tensor([list(tokens)], device=self.device))
+            row = out.logits[0, -1].float()
+            return row[list(candidates)].tolist()
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+
+def _added_special(tokenizer: Any) -> set[str]:
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return {str(tok.content) for tok in decoder.values() if getattr(tok, "special", False)}

@@ -1,0 +1,358 @@
+"""The System One wire contract: request parsing, validation and response shapes.
+
+Pure: imports no torch and no web framework. Every rule here is shared by the library, the CLI
+and the HTTP server, so a request that one surface accepts, every surface accepts.
+
+Validation errors name the field (``questions.urgency.criteria``) and what was expected; the
+server turns them into 400/422 responses, the CLI into per-line error records.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+MAX_CHOICE_OPTIONS = 255
+MAX_SCORE_LEVELS = 10
+DEFAULT_MODEL_ALIAS = "jev-latest"
+NOUL_LABEL_SETS = ({"yes", "no"}, {"true", "false"})
+
+QuestionType = Literal["noul", "choice", "score"]
+
+
+class ContractError(ValueError):
+    """A request that breaks the contract: ``field`` is the dotted path, ``message`` says why."""
+
+    def __init__(self, field: str, message: str, *, kind: str = "invalid_request_error"):
+        self.field = field
+        self.message = message
+        self.kind = kind
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+# --------------------------------------------------------------------------- parsed request
+
+
+@dataclass(frozen=True)
+class Question:
+    """One validated question. ``options`` are the answer names in declared order.
+
+    For a noul the options are always ``("yes", "no")`` (or ``("true", "false")`` when the
+    client named them so); ``descriptions`` holds the client's text for each option, or None.
+    """
+
+    name: str
+    type: QuestionType
+    instructions: JsonValue
+    options: tuple[str, ...]
+    descriptions: tuple[JsonValue, ...]
+
+    @property
+    def is_trivial(self) -> bool:
+        """A 1-option choice or 1-level score answers without running the model."""
+        return self.type != "noul" and len(self.options) == 1
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    model: str | None
+    state: JsonValue
+    questions: tuple[Question, ...]
+    temperature: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _is_content(value: Any) -> bool:
+    """Instructions, descriptions and levels may be a string or any JSON object/array."""
+    return isinstance(value, (str, dict, list))
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Reject values JSON cannot carry (NaN/Infinity floats, non-string keys)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ContractError(where, "expected a finite number, got NaN or Infinity")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ContractError(where, "expected an object with string keys")
+            _check_json(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]")
+
+
+def _parse_question(name: str, raw: Any) -> Question:
+    where = f"questions.{name}"
+    if not isinstance(raw, dict):
+        raise ContractError(where, f"expected a question object, got {_describe(raw)}")
+    unknown = sorted(set(raw) - {"type", "instructions", "criteria"})
+    if unknown:
+        raise ContractError(
+            f"{where}.{unknown[0]}",
+            "unknown field; a question has only 'type', 'instructions' and 'criteria'",
+        )
+    qtype = raw.get("type")
+    if qtype == "box":
+        raise ContractError(
+            f"{where}.type",
+            "'box' questions need a vision-language model; this server serves text-only models",
+            kind="unsupported_question_type",
+        )
+    if qtype not in ("noul", "choice", "score"):
+        got = repr(qtype) if isinstance(qtype, str) else _describe(qtype)
+        raise ContractError(f"{where}.type", f"expected 'noul', 'choice' or 'score', got {got}")
+    instructions = raw.get("instructions")
+    if instructions is not None and not _is_content(instructions):
+        raise ContractError(
+            f"{where}.instructions",
+            f"expected a string or a JSON object/array, got {_describe(instructions)}",
+        )
+    _check_json(instructions, f"{where}.instructions")
+    criteria = raw.get("criteria")
+    crit_where = f"{where}.criteria"
+
+    if qtype == "noul":
+        options: tuple[str, ...] = ("yes", "no")
+        descriptions: tuple[Any, ...] = (None, None)
+        if criteria is not None:
+            if not isinstance(criteria, dict):
+                raise ContractError(
+                    crit_where,
+                    f"expected an object with keys 'yes'/'no' or 'true'/'false', "
+                    f"got {_describe(criteria)}",
+                )
+            keys = set(criteria)
+            label_set = next((s for s in NOUL_LABEL_SETS if keys <= s), None)
+            if label_set is None or not keys:
+                raise ContractError(
+                    crit_where,
+                    "expected keys 'yes'/'no' or 'true'/'false' (not mixed), "
+                    f"got {sorted(keys)}",
+                )
+            options = ("yes", "no") if label_set == {"yes", "no"} else ("true", "false")
+            for key, value in criteria.items():
+                if value is not None and not _is_content(value):
+                    raise ContractError(
+                        f"{crit_where}.{key}",
+                        f"expected a string, a JSON object/array or null, got {_describe(value)}",
+                    )
+                _check_json(value, f"{crit_where}.{key}")
+            descriptions = tuple(criteria.get(o) for o in options)
+        if instructions is None and all(d is None for d in descriptions):
+            raise ContractError(
+                where, "a noul question needs 'instructions' or at least one non-null criterion"
+            )
+        return Question(name, "noul", instructions, options, descriptions)
+
+    if instructions is None:
+        raise ContractError(f"{where}.instructions", f"a {qtype} question needs 'instructions'")
+
+    if qtype == "choice":
+        if not isinstance(criteria, dict):
+            raise ContractError(
+                crit_where,
+                "expected an object mapping each option to a description or null, got "
+                f"{_describe(criteria) if criteria is not None else 'nothing'}",
+            )
+        if not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
+            raise ContractError(
+                crit_where,
+                f"expected 1 to {MAX_CHOICE_OPTIONS} options, got {len(criteria)}",
+            )
+        for key, value in criteria.items():
+            if not key.strip():
+                raise ContractError(crit_where, "option names must be non-empty strings")
+            if value is not None and not _is_content(value):
+                raise ContractError(
+                    f"{crit_where}.{key}",
+                    f"expected a string, a JSON object/array or null, got {_describe(value)}",
+                )
+            _check_json(value, f"{crit_where}.{key}")
+        return Question(
+            name, "choice", instructions, tuple(criteria), tuple(criteria.values())
+        )
+
+    # score
+    if not isinstance(criteria, list):
+        raise ContractError(
+            crit_where,
+            "expected an array of 1 to 10 ordered level names, got "
+            f"{_describe(criteria) if criteria is not None else 'nothing'}",
+        )
+    if not 1 <= len(criteria) <= MAX_SCORE_LEVELS:
+        raise ContractError(
+            crit_where, f"expected 1 to {MAX_SCORE_LEVELS} levels, got {len(criteria)}"
+        )
+    levels = []
+    for i, level in enumerate(criteria):
+        if level is None:
+            raise ContractError(f"{crit_where}[{i}]", "expected a level name, got null")
+        if isinstance(level, (bool, int, float)) and not isinstance(level, bool):
+            _check_json(level, f"{crit_where}[{i}]")
+            level = str(level)  # the legend must carry str/object/array: stringify scalars
+        elif isinstance(level, bool):
+            level = "true" if level else "false"
+        _check_json(level, f"{crit_where}[{i}]")
+        levels.append(level)
+    return Question(
+        name,
+        "score",
+        instructions,
+        tuple(str(i) for i in range(len(levels))),
+        tuple(levels),
+    )
+
+
+def parse_request(raw: Any) -> DecisionRequest:
+    """Validate a decoded JSON body against the contract. Unknown top-level keys are ignored."""
+    if not isinstance(raw, dict):
+        raise ContractError("body", f"expected a JSON object, got {_describe(raw)}")
+    model = raw.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ContractError("model", f"expected a non-empty string, got {_describe(model)}")
+    if "state" in raw:
+        state = raw["state"]
+    elif "document" in raw:  # hosted Jev accepts `document` as another name for `state`
+        state = raw["document"]
+    else:
+        raise ContractError("state", "field required: a string or any JSON value")
+    if state is None:
+        raise ContractError("state", "expected a string or a JSON value, got null")
+    _check_json(state, "state")
+    if "assets" in raw and raw["assets"]:
+        raise ContractError(
+            "assets",
+            "image assets need a vision-language model; this server serves text-only models",
+            kind="unsupported_asset",
+        )
+    questions = raw.get("questions")
+    if not isinstance(questions, dict):
+        raise ContractError(
+            "questions",
+            "expected a non-empty object mapping names to questions, got "
+            f"{_describe(questions) if 'questions' in raw else 'nothing'}",
+        )
+    if not questions:
+        raise ContractError("questions", "expected at least one question, got an empty object")
+    parsed = []
+    for name, q in questions.items():
+        if not name:
+            raise ContractError("questions", "question names must be non-empty strings")
+        parsed.append(_parse_question(name, q))
+    temperature = raw.get("temperature")
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ContractError(
+                "temperature", f"expected a positive number, got {_describe(temperature)}"
+            )
+        if not math.isfinite(temperature) or temperature <= 0:
+            raise ContractError("temperature", "expected a finite number greater than 0")
+        temperature = float(temperature)
+    extras = {
+        k: v for k, v in raw.items()
+        if k not in {"model", "state", "document", "questions", "temperature", "assets"}
+    }
+    return DecisionRequest(model, state, tuple(parsed), temperature, extras)
+
+
+# --------------------------------------------------------------------------- model aliases
+
+
+def resolves_to(requested: str | None, served_name: str) -> bool:
+    """`jev-latest`, any `jev-*` and the served name all name the loaded model."""
+    if requested is None:
+        return True
+    name = requested.strip()
+    return name == served_name or name == DEFAULT_MODEL_ALIAS or name.startswith("jev-")
+
+
+# --------------------------------------------------------------------------- wire schemas
+# Pydantic models used for the OpenAPI document and for typed access in Python. The request
+# models describe exactly what parse_request accepts.
+
+Content = Union[str, dict[str, JsonValue], list[JsonValue]]
+
+
+class NoulQuestionModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["noul"]
+    instructions: Content | None = None
+    criteria: dict[str, Content | None] | None = Field(
+        default=None, description="Optional {'yes','no'} or {'true','false'} descriptions"
+    )
+
+
+class ChoiceQuestionModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["choice"]
+    instructions: Content
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_CHOICE_OPTIONS)
+
+
+class ScoreQuestionModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["score"]
+    instructions: Content
+    criteria: list[Content] = Field(min_length=1, max_length=MAX_SCORE_LEVELS)
+
+
+QuestionModel = Union[NoulQuestionModel, ChoiceQuestionModel, ScoreQuestionModel]
+
+
+class SystemOneRequestModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = Field(default=None, examples=[DEFAULT_MODEL_ALIAS])
+    state: JsonValue
+    questions: dict[str, QuestionModel] = Field(min_length=1)
+    temperature: float | None = Field(default=None, gt=0)
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+
+
+class NoulAnswer(BaseModel):
+    type: Literal["noul"] = "noul"
+    noul: float
+
+
+class ChoiceAnswer(BaseModel):
+    type: Literal["choice"] = "choice"
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+
+
+class ScoreAnswer(BaseModel):
+    type: Literal["score"] = "score"
+    score: float
+    legend: dict[str, Content]
+    probabilities: dict[str, float]
+    confidence: float
+
+
+class SystemOneResponseModel(BaseModel):
+    model: str
+    answers: dict[str, Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]]
+    usage: Usage

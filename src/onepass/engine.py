@@ -1,0 +1,346 @@
+"""DecisionEngine: contract → prompt → backend → readout.
+
+The engine owns no tensors. It renders a request into one shared prefix and one suffix per
+question, gives every question checked single-token labels, asks the backend for the logits of
+those labels only, and turns them into typed answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onepass import prompt as P
+from onepass.backends.base import Backend
+from onepass.contract import (
+    ChoiceAnswer,
+    ContractError,
+    DecisionRequest,
+    Question,
+    ScoreAnswer,
+    parse_request,
+    resolves_to,
+)
+from onepass.readout import (
+    argmax_first,
+    choice_confidence,
+    expected_level,
+    restricted_softmax,
+    score_confidence,
+)
+
+DEFAULT_MAX_INPUT_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class Position:
+    """One decision position: the suffix text after the shared prefix and its labels."""
+
+    suffix: str
+    labels: tuple[P.Label, ...]
+
+
+@dataclass
+class Scored:
+    """Logits per position plus the token accounting of the call."""
+
+    logits: list[list[float]]
+    prefix_tokens: int
+    suffix_tokens: list[int]
+    cached_tokens: int
+    seconds: float = 0.0
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    questions: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DecisionEngine:
+    """Answers System One questions about a state from one forward pass.
+
+    Build it with :meth:`from_pretrained` (the embedded default model when no name is given)
+    or around any object that implements :class:`onepass.backends.Backend`.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        context: str | None = None,
+        max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
+        temperature: float = 1.0,
+        served_name: str | None = None,
+    ):
+        if temperature <= 0:
+            raise ValueError("temperature must be greater than 0")
+        self.backend = backend
+        self.context = context
+        self.max_input_tokens = max_input_tokens
+        self.temperature = temperature
+        self.served_name = served_name or backend.name
+        self.format = (
+            P.ChatFormat.from_template(backend.render_chat)
+            if backend.chat_template
+            else P.PLAIN_FORMAT
+        )
+        self.specials = tuple(backend.special_tokens)
+        self._label_memo: dict[str, tuple[int, str] | None] = {}
+        self.stats = EngineStats()
+        self._pin_system()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | None = None,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        context_path: str | Path | None = None,
+        adapter: str | Path | None = None,
+        session_cache_entries: int = 16,
+        session_cache_tokens: int = 32768,
+        max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
+        temperature: float = 1.0,
+        served_name: str | None = None,
+    ) -> DecisionEngine:
+        """Load ``model`` (embedded alias, GGUF file, checkpoint directory or hub id)."""
+        from onepass.backends.torch import TorchBackend
+        from onepass.models import resolve
+
+        resolved = resolve(model)
+        backend = TorchBackend.load(
+            resolved.path,
+            name=resolved.name,
+            device=device,
+            dtype=dtype,
+            cache_entries=session_cache_entries,
+            cache_tokens=session_cache_tokens,
+            adapter=adapter,
+        )
+        context = Path(context_path).read_text() if context_path else None
+        return cls(
+            backend,
+            context=context,
+            max_input_tokens=max_input_tokens,
+            temperature=temperature,
+            served_name=served_name,
+        )
+
+    def _pin_system(self) -> None:
+        """Prefill the system part (instructions + context) once, at start-up."""
+        pin = getattr(self.backend, "pin", None)
+        if pin is None:
+            return
+        text = self.format.head + P.system_text(self.context, self.specials) + self.format.middle
+        ids = self.backend.encode(text)
+        if len(ids) > 2:
+            pin(ids[:-2])  # leave the boundary tokens to the request: they may merge with it
+
+    # ------------------------------------------------------------------ labels
+
+    def _token_for(self, label: str) -> tuple[int, str] | None:
+        """The label's token id right after the prompt tail, if it is exactly one token."""
+        if label in self._label_memo:
+            return self._label_memo[label]
+        probe = "Answer." + self.format.tail
+        base = self.backend.encode(probe, bos=False)
+        found = None
+        for spelling in (label, " " + label):
+            ids = self.backend.encode(probe + spelling, bos=False)
+            if len(ids) == len(base) + 1 and ids[: len(base)] == base:
+                found = (ids[-1], spelling)
+                break
+        self._label_memo[label] = found
+        return found
+
+    def position(
+        self, qtype: str, instructions: Any, options: Sequence[str], descriptions: Sequence[Any]
+    ) -> Position:
+        """Render one question with labels checked in its own context."""
+        exclude: set[int] = set()
+        for _ in range(4):
+            labels = P.assign_labels(len(options), self._token_for, exclude)
+            block = P.render_question(
+                qtype, instructions, options, descriptions, [lb.text for lb in labels],
+                self.specials,
+            )
+            suffix = P.render_suffix(self.format, block)
+            base = self.backend.encode(suffix, bos=False)
+            bad = {
+                lb.token_id
+                for lb in labels
+                if self.backend.encode(suffix + lb.spelling, bos=False) != [*base, lb.token_id]
+            }
+            if not bad:
+                return Position(suffix, tuple(labels))
+            exclude |= bad
+        raise P.LabelError(f"no usable single-token labels for a {qtype} question in context")
+
+    def question_position(self, q: Question) -> Position:
+        return self.position(q.type, q.instructions, q.options, q.descriptions)
+
+    # ------------------------------------------------------------------ scoring
+
+    def tokenize(self, prefix_text: str, suffixes: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+        """Token ids of the shared prefix and of each suffix, exactly as the whole prompt
+        tokenizes: the shared part is the longest common token prefix of every prompt."""
+        prefix = self.backend.encode(prefix_text)
+        fulls = [self.backend.encode(prefix_text + s) for s in suffixes]
+        n = len(prefix)
+        for full in fulls:
+            limit = min(n, len(full) - 1)
+            i = 0
+            while i < limit and full[i] == prefix[i]:
+                i += 1
+            n = i
+        return prefix[:n], [full[n:] for full in fulls]
+
+    def score_positions(
+        self, prefix_text: str, positions: Sequence[Position], *, limit_field: str = "state"
+    ) -> Scored:
+        """Candidate logits for every position after one shared prefix, in one forward."""
+        start = time.perf_counter()
+        prefix, suffixes = self.tokenize(prefix_text, [p.suffix for p in positions])
+        longest = len(prefix) + max((len(s) for s in suffixes), default=0)
+        if longest > self.max_input_tokens:
+            raise ContractError(
+                limit_field,
+                f"the prompt has {longest} tokens, over the limit of {self.max_input_tokens} "
+                "(max_input_tokens); nothing is truncated: shorten the input or raise the limit",
+                kind="max_tokens_exceeded",
+            )
+        result = self.backend.score(
+            prefix, suffixes, [[lb.token_id for lb in p.labels] for p in positions]
+        )
+        return Scored(
+            result.logits,
+            len(prefix),
+            [len(s) for s in suffixes],
+            result.cached_tokens,
+            time.perf_counter() - start,
+        )
+
+    # ------------------------------------------------------------------ System One
+
+    def check_model(self, requested: str | None) -> None:
+        if not resolves_to(requested, self.served_name):
+            raise ContractError(
+                "model",
+                f"unknown model {requested!r}: this server serves {self.served_name!r} "
+                "(also reachable as 'jev-latest' or any 'jev-*' name)",
+                kind="model_not_found",
+            )
+
+    def answer(self, request: DecisionRequest | Mapping[str, Any] | Any) -> dict[str, Any]:
+        """Answer a System One request; returns the response as a JSON-ready dict."""
+        if not isinstance(request, DecisionRequest):
+            if hasattr(request, "model_dump"):
+                request = request.model_dump(exclude_none=True)
+            request = parse_request(request)
+        self.check_model(request.model)
+        temperature = request.temperature or self.temperature
+        prefix_text = P.render_prefix(self.format, request.state, self.context, self.specials)
+        live = [q for q in request.questions if not q.is_trivial]
+        positions = [self.question_position(q) for q in live]
+        scored = self.score_positions(prefix_text, positions) if live else None
+        logits = dict(zip((q.name for q in live), scored.logits)) if scored else {}
+        answers = {
+            q.name: _answer(q, logits.get(q.name), temperature) for q in request.questions
+        }
+        input_tokens = scored.prefix_tokens + sum(scored.suffix_tokens) if scored else 0
+        cached = scored.cached_tokens if scored else 0
+        self.stats.requests += 1
+        self.stats.questions += len(request.questions)
+        self.stats.input_tokens += input_tokens
+        self.stats.cached_tokens += cached
+        return {
+            "model": self.served_name,
+            "answers": answers,
+            "usage": {
+                "input_tokens": input_tokens,
+                "output_tokens": len(live),
+                "cached_tokens": cached,
+            },
+        }
+
+    # ------------------------------------------------------------------ typed helpers
+
+    def noul(
+        self,
+        state: Any,
+        proposition: Any,
+        *,
+        labels: Mapping[str, Any] | None = None,
+        temperature: float | None = None,
+    ) -> float:
+        """P(yes) that ``proposition`` holds for ``state``."""
+        question: dict[str, Any] = {"type": "noul", "instructions": proposition}
+        if labels:
+            question["criteria"] = dict(labels)
+        return self._one(state, question, temperature)["noul"]
+
+    def choice(
+        self,
+        state: Any,
+        question: Any,
+        options: Mapping[str, Any] | Sequence[str],
+        *,
+        temperature: float | None = None,
+    ) -> ChoiceAnswer:
+        """One option of a closed set, with the distribution and its confidence."""
+        criteria = dict(options) if isinstance(options, Mapping) else dict.fromkeys(options)
+        raw = self._one(state, {"type": "choice", "instructions": question, "criteria": criteria},
+                        temperature)
+        return ChoiceAnswer(**raw)
+
+    def score(
+        self,
+        state: Any,
+        question: Any,
+        levels: Sequence[Any],
+        *,
+        temperature: float | None = None,
+    ) -> ScoreAnswer:
+        """Expected level index over ordered ``levels``, with legend and confidence."""
+        raw = self._one(
+            state, {"type": "score", "instructions": question, "criteria": list(levels)},
+            temperature,
+        )
+        return ScoreAnswer(**raw)
+
+    def _one(self, state: Any, question: dict[str, Any], temperature: float | None) -> dict:
+        request: dict[str, Any] = {"state": state, "questions": {"q": question}}
+        if temperature is not None:
+            request["temperature"] = temperature
+        return self.answer(request)["answers"]["q"]
+
+
+def _answer(q: Question, logits: list[float] | None, temperature: float) -> dict[str, Any]:
+    """Typed answer for one question from its candidate logits (None: trivial question)."""
+    probs = [1.0] if logits is None else restricted_softmax(logits, temperature)
+    if q.type == "noul":
+        return {"type": "noul", "noul": probs[0]}
+    if q.type == "choice":
+        return {
+            "type": "choice",
+            "choice": q.options[argmax_first(probs)],
+            "probabilities": dict(zip(q.options, probs)),
+            "confidence": choice_confidence(probs),
+        }
+    return {
+        "type": "score",
+        "score": expected_level(probs),
+        "legend": {str(i): level for i, level in enumerate(q.descriptions)},
+        "probabilities": {str(i): p for i, p in enumerate(probs)},
+        "confidence": score_confidence(probs),
+    }

@@ -1,0 +1,70 @@
+"""Readout: from candidate-label logits to typed answers. Pure math, no torch.
+
+The model's logits are read for the candidate labels only; a softmax restricted to those
+labels (with a temperature) gives the distribution every answer is built from. The confidence
+formulas are the published ones (TypeSafe's system-one-adapter 0.2.1), so clients that
+threshold on confidence behave as they do against hosted Jev.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def restricted_softmax(logits: Sequence[float], temperature: float = 1.0) -> list[float]:
+    """Softmax over the candidate logits only, at ``temperature`` (> 0)."""
+    if temperature <= 0 or not math.isfinite(temperature):
+        raise ValueError("temperature must be a finite number greater than 0")
+    if not logits:
+        return []
+    scaled = [x / temperature for x in logits]
+    top = max(scaled)
+    exps = [math.exp(x - top) for x in scaled]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def argmax_first(probabilities: Sequence[float]) -> int:
+    """Index of the largest probability; the first one wins ties (declared order)."""
+    best = 0
+    for i, p in enumerate(probabilities):
+        if p > probabilities[best]:
+            best = i
+    return best
+
+
+def choice_confidence(probabilities: Sequence[float]) -> float:
+    """``(p_max - 1/K) / (1 - 1/K)``; 1.0 for a single option."""
+    k = len(probabilities)
+    if k <= 1:
+        return 1.0
+    total = sum(probabilities)
+    probs = [p / total for p in probabilities] if total > 0 else [1.0 / k] * k
+    return max(0.0, (max(probs) - 1.0 / k) / (1.0 - 1.0 / k))
+
+
+def expected_level(probabilities: Sequence[float]) -> float:
+    """Score value: ``sum(i * p_i)`` over probabilities rescaled to sum to 1."""
+    total = sum(probabilities)
+    if total <= 0:
+        return (len(probabilities) - 1) / 2
+    return sum(i * p for i, p in enumerate(probabilities)) / total
+
+
+def score_confidence(probabilities: Sequence[float]) -> float:
+    """``max(0, 1 - E|i - mode| / MAD_uniform)``; 1.0 for a single level.
+
+    MAD_uniform is the same mean distance from the mode... under a uniform distribution,
+    i.e. ``mean_i |i - (n-1)/2|``, as in the published definition.
+    """
+    n = len(probabilities)
+    if n <= 1:
+        return 1.0
+    total = sum(probabilities)
+    probs = [p / total for p in probabilities] if total > 0 else [1.0 / n] * n
+    mode = argmax_first(probs)
+    spread = sum(p * abs(i - mode) for i, p in enumerate(probs))
+    centre = (n - 1) / 2
+    uniform_spread = sum(abs(i - centre) for i in range(n)) / n
+    return max(0.0, 1.0 - spread / uniform_spread)
