@@ -78,6 +78,8 @@ class DecisionEngine:
         max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
         temperature: float = 1.0,
         served_name: str | None = None,
+        style: P.Style = P.DEFAULT_STYLE,
+        chat_format: P.ChatFormat | None = None,
     ):
         if temperature <= 0:
             raise ValueError("temperature must be greater than 0")
@@ -86,11 +88,14 @@ class DecisionEngine:
         self.max_input_tokens = max_input_tokens
         self.temperature = temperature
         self.served_name = served_name or backend.name
-        self.format = (
-            P.ChatFormat.from_template(backend.render_chat)
-            if backend.chat_template
-            else P.PLAIN_FORMAT
-        )
+        self.style = style
+        if chat_format is None:
+            chat_format = (
+                P.ChatFormat.from_template(backend.render_chat)
+                if backend.chat_template
+                else P.PLAIN_FORMAT
+            )
+        self.format = chat_format
         self.specials = tuple(backend.special_tokens)
         self._label_memo: dict[str, tuple[int, str] | None] = {}
         self.stats = EngineStats()
@@ -169,10 +174,14 @@ class DecisionEngine:
         """Render one question with labels checked in its own context."""
         exclude: set[int] = set()
         for _ in range(4):
-            labels = P.assign_labels(len(options), self._token_for, exclude)
+            try:
+                pool = P.label_texts(qtype, len(options), self.style)
+                labels = P.assign_labels(len(options), self._token_for, exclude, pool)
+            except P.LabelError:  # a styled pool (Yes/No, digits) unusable here: letters
+                labels = P.assign_labels(len(options), self._token_for, exclude)
             block = P.render_question(
                 qtype, instructions, options, descriptions, [lb.text for lb in labels],
-                self.specials,
+                self.specials, self.style,
             )
             suffix = P.render_suffix(self.format, block)
             base = self.backend.encode(suffix, bos=False)
@@ -206,9 +215,18 @@ class DecisionEngine:
         return prefix[:n], [full[n:] for full in fulls]
 
     def score_positions(
-        self, prefix_text: str, positions: Sequence[Position], *, limit_field: str = "state"
+        self,
+        prefix_text: str,
+        positions: Sequence[Position],
+        *,
+        limit_field: str = "state",
+        naive: bool = False,
     ) -> Scored:
-        """Candidate logits for every position after one shared prefix, in one forward."""
+        """Candidate logits for every position after one shared prefix, in one forward.
+
+        ``naive=True`` runs each whole prompt through a plain full forward instead (no cache,
+        no packing, full vocabulary): the reference the fast path is tested against.
+        """
         start = time.perf_counter()
         prefix, suffixes = self.tokenize(prefix_text, [p.suffix for p in positions])
         longest = len(prefix) + max((len(s) for s in suffixes), default=0)
@@ -219,15 +237,17 @@ class DecisionEngine:
                 "(max_input_tokens); nothing is truncated: shorten the input or raise the limit",
                 kind="max_tokens_exceeded",
             )
-        result = self.backend.score(
-            prefix, suffixes, [[lb.token_id for lb in p.labels] for p in positions]
-        )
+        candidates = [[lb.token_id for lb in p.labels] for p in positions]
+        if naive:
+            logits = [
+                self.backend.reference_logits(prefix + s, c) for s, c in zip(suffixes, candidates)
+            ]
+            cached = 0
+        else:
+            result = self.backend.score(prefix, suffixes, candidates)
+            logits, cached = result.logits, result.cached_tokens
         return Scored(
-            result.logits,
-            len(prefix),
-            [len(s) for s in suffixes],
-            result.cached_tokens,
-            time.perf_counter() - start,
+            logits, len(prefix), [len(s) for s in suffixes], cached, time.perf_counter() - start
         )
 
     # ------------------------------------------------------------------ System One
@@ -241,8 +261,13 @@ class DecisionEngine:
                 kind="model_not_found",
             )
 
-    def answer(self, request: DecisionRequest | Mapping[str, Any] | Any) -> dict[str, Any]:
-        """Answer a System One request; returns the response as a JSON-ready dict."""
+    def answer(
+        self, request: DecisionRequest | Mapping[str, Any] | Any, *, naive: bool = False
+    ) -> dict[str, Any]:
+        """Answer a System One request; returns the response as a JSON-ready dict.
+
+        ``naive=True`` answers through plain full forwards (see :meth:`score_positions`).
+        """
         if not isinstance(request, DecisionRequest):
             if hasattr(request, "model_dump"):
                 request = request.model_dump(exclude_none=True)
@@ -252,7 +277,7 @@ class DecisionEngine:
         prefix_text = P.render_prefix(self.format, request.state, self.context, self.specials)
         live = [q for q in request.questions if not q.is_trivial]
         positions = [self.question_position(q) for q in live]
-        scored = self.score_positions(prefix_text, positions) if live else None
+        scored = self.score_positions(prefix_text, positions, naive=naive) if live else None
         logits = dict(zip((q.name for q in live), scored.logits)) if scored else {}
         answers = {
             q.name: _answer(q, logits.get(q.name), temperature) for q in request.questions
@@ -323,6 +348,12 @@ class DecisionEngine:
         if temperature is not None:
             request["temperature"] = temperature
         return self.answer(request)["answers"]["q"]
+
+    def decide_schema(self, context: Any, schema: Mapping[str, Any], **options: Any) -> Any:
+        """Ordered JSON-Schema decisions: see :func:`onepass.schema.decide_schema`."""
+        from onepass.schema import decide_schema
+
+        return decide_schema(self, context, schema, **options)
 
 
 def _answer(q: Question, logits: list[float] | None, temperature: float) -> dict[str, Any]:

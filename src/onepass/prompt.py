@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import string
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +135,10 @@ class LabelError(ValueError):
 
 
 def assign_labels(
-    count: int, token_for: Callable[[str], tuple[int, str] | None], exclude: set[int] = frozenset()
+    count: int,
+    token_for: Callable[[str], tuple[int, str] | None],
+    exclude: set[int] = frozenset(),
+    pool: Iterable[str] | None = None,
 ) -> list[Label]:
     """Give ``count`` options distinct single-token labels, in declared order.
 
@@ -145,7 +148,7 @@ def assign_labels(
     """
     labels: list[Label] = []
     seen: set[int] = set(exclude)
-    for text in label_pool():
+    for text in label_pool() if pool is None else pool:
         if len(labels) == count:
             break
         found = token_for(text)
@@ -164,6 +167,33 @@ def assign_labels(
 # --------------------------------------------------------------------------- questions
 
 
+@dataclass(frozen=True)
+class Style:
+    """Prompt choices measured by ``benchmarks/prompt_formats.py``; the default ships.
+
+    ``noul_words``: a noul is read from the ``Yes``/``No`` tokens instead of ``A``/``B``.
+    ``score_digits``: score levels are labelled ``0``…``9`` instead of ``A``, ``B``, ….
+    ``option_names``: a choice option shows its name before its description.
+    """
+
+    noul_words: bool = False
+    score_digits: bool = False
+    option_names: bool = True
+
+
+DEFAULT_STYLE = Style()
+NOUL_WORDS = ("Yes", "No")
+
+
+def label_texts(qtype: str, count: int, style: Style = DEFAULT_STYLE) -> Iterator[str]:
+    """The label pool for a question type under ``style``."""
+    if qtype == "noul" and style.noul_words:
+        return iter(NOUL_WORDS)
+    if qtype == "score" and style.score_digits:
+        return iter(string.digits[:count])
+    return label_pool()
+
+
 def _option_line(label: str, name: str | None, description: Any, special: Sequence[str]) -> str:
     parts = [neutralise(name, special)] if name else []
     if description is not None:
@@ -178,18 +208,26 @@ def render_question(
     descriptions: Sequence[Any],
     labels: Sequence[str],
     special_tokens: Sequence[str] = (),
+    style: Style = DEFAULT_STYLE,
 ) -> str:
     """The question block: instructions, labelled options, and the answer request."""
     text = neutralise(render_content(instructions), special_tokens) if instructions else ""
     if qtype == "noul":
         lines = [f"Statement: {text}" if text else "Statement:", "Is the statement true?"]
-        names = ("Yes", "No")
-        for label, name, desc in zip(labels, names, descriptions):
-            lines.append(_option_line(label, name, desc, special_tokens))
+        if tuple(labels) == NOUL_WORDS:
+            lines += [
+                f"{label} means: {neutralise(render_content(desc), special_tokens)}"
+                for label, desc in zip(labels, descriptions)
+                if desc is not None
+            ]
+        else:
+            for label, name, desc in zip(labels, NOUL_WORDS, descriptions):
+                lines.append(_option_line(label, name, desc, special_tokens))
     elif qtype == "choice":
         lines = [f"Question: {text}", "Options:"]
         for label, name, desc in zip(labels, options, descriptions):
-            lines.append(_option_line(label, name, desc, special_tokens))
+            shown = name if style.option_names or desc is None else None
+            lines.append(_option_line(label, shown, desc, special_tokens))
     elif qtype == "score":
         lines = [f"Question: {text}", "Levels, from lowest to highest:"]
         for label, desc in zip(labels, descriptions):

@@ -1,0 +1,157 @@
+"""The fast path (shared prefix, packed suffixes, prefix cache, candidate rows only) must read
+the same numbers as a naive full forward of each whole prompt, on the real embedded model."""
+
+import json
+
+import pytest
+
+from onepass.contract import ContractError
+
+TOL = 1e-4  # on probabilities
+
+STATE = (
+    "Order #7710 arrived with a smashed box and a cracked vase inside. Delivery was 3 days ago "
+    "and the customer asks what to do next."
+)
+MIXED = {
+    "model": "jev-latest",
+    "state": STATE,
+    "questions": {
+        "refund": {"type": "noul", "instructions": "The customer is eligible for a refund."},
+        "dept": {
+            "type": "choice",
+            "instructions": "Which department should handle this case?",
+            "criteria": {
+                "billing": "Double charges and payment errors",
+                "logistics": "Damaged, lost, or late shipments",
+                "product_support": None,
+            },
+        },
+        "urgency": {
+            "type": "score",
+            "instructions": "How urgent is this case?",
+            "criteria": ["Routine", "Urgent", "Emergency"],
+        },
+        "approved": {
+            "type": "noul",
+            "instructions": "The request is approved.",
+            "criteria": {"yes": "Approved", "no": "Rejected"},
+        },
+    },
+}
+
+
+def distribution(answer):
+    if answer["type"] == "noul":
+        return [answer["noul"]]
+    return list(answer["probabilities"].values())
+
+
+def assert_same(fast, naive):
+    assert fast.keys() == naive.keys()
+    for name in fast:
+        a, b = distribution(fast[name]), distribution(naive[name])
+        assert len(a) == len(b)
+        assert max(abs(x - y) for x, y in zip(a, b)) < TOL, name
+
+
+def test_mixed_request_matches_naive_full_forward(engine):
+    engine.backend.cache.clear()
+    fast = engine.answer(MIXED)
+    naive = engine.answer(MIXED, naive=True)
+    assert_same(fast["answers"], naive["answers"])
+    assert fast["model"] == engine.served_name
+
+
+def test_cache_hit_reuses_the_prefix_and_reads_the_same_numbers(engine):
+    engine.backend.cache.clear()
+    miss = engine.answer(MIXED)
+    before = engine.backend.cache_stats().hits
+    hit = engine.answer(MIXED)
+    assert engine.backend.cache_stats().hits == before + 1
+    assert hit["usage"]["cached_tokens"] > miss["usage"]["cached_tokens"]
+    assert_same(hit["answers"], miss["answers"])
+    assert_same(hit["answers"], engine.answer(MIXED, naive=True)["answers"])
+
+
+def test_question_alone_equals_question_among_sixteen(engine):
+    probe = {"type": "choice", "instructions": "Which department?",
+             "criteria": {"billing": None, "logistics": None, "product_support": None}}
+    alone = engine.answer({"state": STATE, "questions": {"probe": probe}})["answers"]["probe"]
+    crowd = {f"q{i}": {"type": "noul", "instructions": f"Statement number {i} " + "x" * i}
+             for i in range(15)}
+    crowd["probe"] = probe
+    among = engine.answer({"state": STATE, "questions": crowd})
+    assert among["usage"]["output_tokens"] == 16
+    assert max(abs(a - b) for a, b in zip(distribution(alone),
+                                          distribution(among["answers"]["probe"]))) < TOL
+
+
+def test_response_shape_and_types(engine):
+    r = engine.answer(MIXED)
+    json.dumps(r, allow_nan=False)  # finite JSON numbers only
+    a = r["answers"]
+    assert set(a["refund"]) == {"type", "noul"} and 0 <= a["refund"]["noul"] <= 1
+    assert a["dept"]["choice"] in MIXED["questions"]["dept"]["criteria"]
+    assert list(a["dept"]["probabilities"]) == ["billing", "logistics", "product_support"]
+    assert sum(a["dept"]["probabilities"].values()) == pytest.approx(1.0)
+    assert a["urgency"]["legend"] == {"0": "Routine", "1": "Urgent", "2": "Emergency"}
+    probs = a["urgency"]["probabilities"]
+    assert a["urgency"]["score"] == pytest.approx(sum(int(k) * p for k, p in probs.items()))
+    assert 0.0 <= a["urgency"]["confidence"] <= 1.0
+    usage = r["usage"]
+    assert isinstance(usage["input_tokens"], int) and isinstance(usage["output_tokens"], int)
+    assert usage["output_tokens"] == 4
+
+
+def test_json_state_and_temperature(engine):
+    req = {"state": {"ticket": 7710, "items": ["vase"], "damaged": True},
+           "questions": {"d": {"type": "noul", "instructions": "An item is damaged."}}}
+    base = engine.answer(req)["answers"]["d"]["noul"]
+    hot = engine.answer({**req, "temperature": 5.0})["answers"]["d"]["noul"]
+    assert abs(hot - 0.5) < abs(base - 0.5)  # a higher temperature flattens toward 0.5
+    assert_same(engine.answer(req)["answers"], engine.answer(req, naive=True)["answers"])
+
+
+def test_trivial_questions_do_not_run_the_model(engine):
+    r = engine.answer({"state": "x", "questions": {
+        "one": {"type": "choice", "instructions": "?", "criteria": {"only": "it"}},
+        "lvl": {"type": "score", "instructions": "?", "criteria": ["flat"]},
+    }})
+    assert r["answers"]["one"] == {"type": "choice", "choice": "only",
+                                   "probabilities": {"only": 1.0}, "confidence": 1.0}
+    assert r["answers"]["lvl"]["score"] == 0.0 and r["answers"]["lvl"]["confidence"] == 1.0
+    assert r["usage"] == {"input_tokens": 0, "output_tokens": 0, "cached_tokens": 0}
+
+
+def test_large_choice_beyond_26_options_matches_naive(engine):
+    criteria = {f"intent_{i}": f"description {i}" for i in range(40)}
+    req = {"state": "I lost my card", "questions": {"c": {
+        "type": "choice", "instructions": "Which intent?", "criteria": criteria}}}
+    fast = engine.answer(req)["answers"]["c"]
+    assert len(fast["probabilities"]) == 40
+    assert_same({"c": fast}, engine.answer(req, naive=True)["answers"])
+
+
+def test_unknown_model_and_token_limit_are_client_errors(engine):
+    with pytest.raises(ContractError) as info:
+        engine.answer({**MIXED, "model": "gpt-4"})
+    assert info.value.kind == "model_not_found" and info.value.field == "model"
+    limit = engine.max_input_tokens
+    engine.max_input_tokens = 50
+    try:
+        with pytest.raises(ContractError) as info:
+            engine.answer(MIXED)
+        assert info.value.kind == "max_tokens_exceeded" and "over the limit of 50" in str(
+            info.value)
+    finally:
+        engine.max_input_tokens = limit
+
+
+def test_typed_helpers(engine):
+    p = engine.noul("The sky is blue today.", "The text mentions a colour.")
+    assert 0.0 <= p <= 1.0
+    c = engine.choice("Bonjour tout le monde", "Which language?", ["english", "french"])
+    assert c.choice in ("english", "french") and set(c.probabilities) == {"english", "french"}
+    s = engine.score("A whale", "How big?", ["small", "medium", "large"])
+    assert 0.0 <= s.score <= 2.0 and set(s.legend) == {"0", "1", "2"}
