@@ -1,0 +1,155 @@
+"""Serve the System One API over HTTP (POST /v1/systemone, GET /v1/models, /health, /metrics).
+
+The server listens at once and loads the model in the background: GET /health/live answers
+immediately, GET /health says 503 until the model is ready. Works unmodified with the official
+typesafe-sdk client (base URL http://HOST:PORT, any API key unless --api-key is set) and with
+`jevbench --url http://HOST:PORT/v1/systemone`.
+
+Every flag also reads ONEPASS_<FLAG> from the environment (ONEPASS_PORT, ONEPASS_API_KEY,
+ONEPASS_MAX_QUEUE, ...); precedence: flag > environment > default.
+
+On SIGTERM/SIGINT the server stops accepting connections, answers new requests on open
+connections with 503, lets in-flight requests finish for up to --drain-seconds, then exits and
+logs how many requests were abandoned. A second SIGINT exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from typing import Any
+
+from onepass.commands.common import add_model_arguments, engine_from_args, env_default
+
+HELP = "serve the System One HTTP API (compatible with the official typesafe-sdk client)"
+
+log = logging.getLogger("onepass.server")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from onepass.server import settings as S
+
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default=env_default("host", S.DEFAULT_HOST),
+                   help=f"address to bind (default {S.DEFAULT_HOST}; binding a non-loopback "
+                   "address without --api-key logs a warning)")
+    g.add_argument("--port", type=int, default=env_default("port", S.DEFAULT_PORT, int),
+                   help=f"port to bind (default {S.DEFAULT_PORT})")
+    g.add_argument("--api-key", default=env_default("api-key"),
+                   help="require 'Authorization: Bearer <key>' on /v1/* (401 wrong key, 403 "
+                   "missing); without it any bearer token (or none) is accepted. Prefer the "
+                   "environment (ONEPASS_API_KEY) so the key stays out of process listings")
+    g.add_argument("--max-body-bytes", type=int,
+                   default=env_default("max-body-bytes", S.DEFAULT_MAX_BODY_BYTES, int),
+                   help="largest request body, before and after Content-Encoding decoding "
+                   f"(default {S.DEFAULT_MAX_BODY_BYTES}); 413 above it")
+    g.add_argument("--max-questions", type=int,
+                   default=env_default("max-questions", S.DEFAULT_MAX_QUESTIONS, int),
+                   help="most questions in one request; they share one forward pass "
+                   f"(default {S.DEFAULT_MAX_QUESTIONS}); 413 above it")
+    g.add_argument("--max-queue", type=int,
+                   default=env_default("max-queue", S.DEFAULT_MAX_QUEUE, int),
+                   help="requests waiting for the engine before new ones get 429 with "
+                   f"retry-after (default {S.DEFAULT_MAX_QUEUE})")
+    g.add_argument("--request-deadline", type=float,
+                   default=env_default("request-deadline", S.DEFAULT_REQUEST_DEADLINE, float),
+                   help="seconds a request may wait for the engine; one that cannot start in "
+                   "time gets 429 with retry-after instead of a late answer (default "
+                   f"{S.DEFAULT_REQUEST_DEADLINE:g}, well under the client's 10 s timeout)")
+    g.add_argument("--workers", type=int, default=env_default("workers", 1, int),
+                   help="engine worker threads (default 1; forward passes are serialised, a "
+                   "2nd worker overlaps tokenisation with compute)")
+    g.add_argument("--drain-seconds", type=float,
+                   default=env_default("drain-seconds", S.DEFAULT_DRAIN_SECONDS, float),
+                   help="on SIGTERM/SIGINT, how long in-flight requests may finish "
+                   f"(default {S.DEFAULT_DRAIN_SECONDS:g})")
+    g.add_argument("--log-level", default=env_default("log-level", "info"),
+                   choices=["debug", "info", "warning", "error"],
+                   help="log level (default info); logs are JSON lines on stderr, one per "
+                   "API request")
+    add_model_arguments(parser)
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from onepass.server.settings import ServerSettings
+
+    try:
+        return ServerSettings(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key or None,
+            max_body_bytes=args.max_body_bytes,
+            max_questions=args.max_questions,
+            max_queue=args.max_queue,
+            request_deadline=args.request_deadline,
+            workers=args.workers,
+            drain_seconds=args.drain_seconds,
+            log_level=args.log_level,
+            served_model_name=args.served_model_name,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"onepass serve: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from onepass.server import logs
+        from onepass.server.app import create_app
+    except ImportError as exc:
+        raise SystemExit(
+            f"onepass serve needs the server extra ({exc.name} is missing): "
+            "pip install 'onepass[server]'"
+        ) from None
+
+    settings = settings_from_args(args)
+    logs.configure(settings.log_level)
+    if settings.api_key is None:
+        if settings.is_loopback:
+            log.info("auth off: any bearer token is accepted (loopback only)")
+        else:
+            log.warning(
+                "!!! SECURITY WARNING: listening on %s without --api-key: anyone who can reach "
+                "this address can use the model. Set ONEPASS_API_KEY or bind 127.0.0.1 !!!",
+                settings.host,
+            )
+
+    app = create_app(lambda: engine_from_args(args), settings)
+    runtime = app.state.runtime
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, round(settings.drain_seconds)),
+        # longer than the official client's 30 s keep-alive, so the server never closes a
+        # connection the client is about to reuse
+        timeout_keep_alive=75,
+        server_header=False,
+    )
+    server = _draining_server(config, runtime)
+
+    def load_failed() -> None:
+        server.should_exit = True
+
+    runtime.on_load_failure = load_failed
+    server.run()
+    return 1 if runtime.load_error else 0
+
+
+def _draining_server(config: Any, runtime: Any) -> Any:
+    """uvicorn's graceful shutdown, plus: new requests get 503 and /health turns 503 as soon
+    as the signal arrives, and the process exits with a status instead of re-raising it."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            runtime.begin_drain(signal.Signals(sig).name)
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return DrainingServer(config)

@@ -1,0 +1,138 @@
+"""Prometheus metrics, on a registry per app (two apps in one process never collide).
+
+Counters and histograms are updated on the request path; the prefix-cache numbers, queue depth
+and readiness are read at scrape time from their owners, so they can never drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _CacheCollector(Collector):
+    """Prefix-cache statistics straight from the backend at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any | None]):
+        self._stats = stats
+
+    def collect(self):
+        s = self._stats()
+        if s is None:
+            return
+        for name, value, doc in (
+            ("hits", s.hits, "requests whose whole prefix was cached"),
+            ("partial_hits", s.partial_hits, "requests that reused a cached leading part"),
+            ("misses", s.misses, "requests that computed their prefix from scratch"),
+            ("evictions", s.evictions, "prefixes evicted to respect the cache bounds"),
+        ):
+            c = CounterMetricFamily(f"onepass_prefix_cache_{name}", f"Prefix cache: {doc}.")
+            c.add_metric([], value)
+            yield c
+        g = GaugeMetricFamily("onepass_prefix_cache_entries", "Prefix cache: entries resident.")
+        g.add_metric([], s.entries)
+        yield g
+        g = GaugeMetricFamily(
+            "onepass_prefix_cache_resident_tokens", "Prefix cache: tokens resident."
+        )
+        g.add_metric([], s.resident_tokens)
+        yield g
+
+
+class Metrics:
+    """Everything ``GET /metrics`` reports."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series only add noise to every scrape
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "onepass_http_requests", "HTTP requests by route, method and status.",
+            ["route", "method", "status"], registry=r,
+        )
+        self.latency = Histogram(
+            "onepass_http_request_duration_seconds", "HTTP request latency by route.",
+            ["route"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.queue_wait = Histogram(
+            "onepass_queue_wait_seconds", "Time an answered request waited for a worker.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.compute = Histogram(
+            "onepass_compute_seconds", "Engine time of an answered request.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.questions = Counter(
+            "onepass_questions_answered", "Questions answered, by type.", ["type"], registry=r
+        )
+        self.input_tokens = Counter(
+            "onepass_input_tokens", "Prompt tokens of answered requests.", registry=r
+        )
+        self.cached_tokens = Counter(
+            "onepass_cached_tokens", "Prompt tokens served from the prefix cache.", registry=r
+        )
+        self.shed = Counter(
+            "onepass_requests_shed",
+            "Requests refused or dropped without an answer, by reason "
+            "(queue_full, overloaded, deadline, disconnected, loading, shutting_down).",
+            ["reason"], registry=r,
+        )
+        self.in_flight = Gauge(
+            "onepass_in_flight_requests", "API requests being handled (queued or computing).",
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "onepass_queue_depth", "Requests waiting for an engine worker.", registry=r
+        )
+        self.busy = Gauge("onepass_workers_busy", "Engine workers computing.", registry=r)
+        self.ready = Gauge("onepass_ready", "1 once the model is loaded and serving.", registry=r)
+        self.startup = Gauge(
+            "onepass_startup_seconds", "Seconds from start to the model being ready.", registry=r
+        )
+
+    def bind(
+        self,
+        *,
+        queue_depth: Callable[[], float],
+        busy: Callable[[], float],
+        ready: Callable[[], float],
+        cache_stats: Callable[[], Any | None],
+    ) -> None:
+        """Read live values from their owners at scrape time."""
+        self.queue_depth.set_function(queue_depth)
+        self.busy.set_function(busy)
+        self.ready.set_function(ready)
+        self.registry.register(_CacheCollector(cache_stats))
+
+    def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def observe_answer(
+        self, response: dict[str, Any], queue_seconds: float, compute_seconds: float
+    ) -> None:
+        self.queue_wait.observe(queue_seconds)
+        self.compute.observe(compute_seconds)
+        for answer in (response.get("answers") or {}).values():
+            if isinstance(answer, dict):
+                self.questions.labels(str(answer.get("type", "unknown"))).inc()
+        usage = response.get("usage") or {}
+        self.input_tokens.inc(usage.get("input_tokens") or 0)
+        self.cached_tokens.inc(usage.get("cached_tokens") or 0)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,72 @@
+"""Server settings: one dataclass, filled from flags (which default to ``ONEPASS_<FLAG>``).
+
+Model settings (model, device, dtype, caches, ...) live with the engine; these are the knobs of
+the HTTP layer: where to listen, what to accept, how much to queue and for how long.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
+DEFAULT_MAX_QUESTIONS = 64
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_REQUEST_DEADLINE = 5.0
+DEFAULT_DRAIN_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything the HTTP layer needs; see ``onepass serve --help`` for each field."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    api_key: str | None = None
+    # Cap on the request body, checked on the bytes received and again on the decoded bytes
+    # while decoding (a compression bomb stops at the cap, it is never inflated in full).
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # The engine packs every question of a request into one forward pass: this bounds the
+    # work (and memory) one request can ask for. 413 above it.
+    max_questions: int = DEFAULT_MAX_QUESTIONS
+    # Bounded queue in front of the engine; a full queue answers 429 with retry-after.
+    max_queue: int = DEFAULT_MAX_QUEUE
+    # A request that cannot start within this many seconds of arriving is shed with 429, well
+    # before the official client's 10 s read timeout (which would re-send it).
+    request_deadline: float = DEFAULT_REQUEST_DEADLINE
+    # Engine worker threads. The torch backend serialises forward passes, so 1 keeps the
+    # device busy; 2 overlaps tokenisation/rendering of one request with another's forward.
+    workers: int = 1
+    # On SIGTERM/SIGINT: seconds in-flight requests get to finish before they are abandoned.
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    log_level: str = "info"
+    # Shown by /v1/models before the model has loaded (the engine's name wins afterwards).
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        checks = {
+            "port": 0 <= self.port <= 65535,
+            "max_body_bytes": self.max_body_bytes > 0,
+            "max_questions": self.max_questions > 0,
+            "max_queue": self.max_queue > 0,
+            "request_deadline": self.request_deadline > 0,
+            "workers": self.workers > 0,
+            "drain_seconds": self.drain_seconds >= 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid server settings: {', '.join(bad)} out of range")
+        if self.api_key is not None and (not self.api_key.strip() or " " in self.api_key.strip()):
+            raise ValueError("api_key must be a non-empty token without spaces")
+
+    @property
+    def is_loopback(self) -> bool:
+        """True when only this machine can reach the server (auth off is then acceptable)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
