@@ -263,6 +263,62 @@ class TorchBackend:
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
 
+    @torch.inference_mode()
+    def generate(
+        self,
+        tokens: Sequence[int],
+        max_new_tokens: int,
+        *,
+        stop: Any = None,
+        candidates: Sequence[int] = (),
+    ) -> tuple[list[int], list[float], int]:
+        """Greedy continuation of ``tokens``, the prompt going through the prefix cache.
+
+        The longest cached entry the prompt starts with is reused and the whole prompt is
+        stored, so a later prompt that extends this one reuses all of it (a sequential schema
+        decision pays one forward of its new tail). ``candidates`` are read at the prompt's last
+        position, before anything is generated: with ``max_new_tokens=0`` this is a score that
+        also caches the scored prompt. Decoding is greedy with a growing ``DynamicCache`` and
+        stops at a special token (not returned), when ``stop(ids_so_far)`` is true (that token
+        is returned) or after ``max_new_tokens``.
+
+        Returns ``(generated ids, candidate logits, prompt tokens taken from the cache)``.
+        """
+        if not tokens:
+            raise ValueError("generate needs at least one prompt token")
+        tokens = list(tokens)
+        with self._lock:
+            cached, kv = self.cache.longest_prefix(tokens)
+            start = cached
+            if start == len(tokens):  # stored, but its last output is not: recompute one token
+                start -= 1
+                kv = tuple((k[:, :, :start], v[:, :, :start]) for k, v in kv) if start else None
+            hidden, kv = self._forward(tokens[start:], torch.arange(start, len(tokens)), kv)
+            if cached < len(tokens):
+                self.cache.put(tokens, kv)
+            logits = self._candidate_logits(hidden[-1:], [candidates])[0] if candidates else []
+            out: list[int] = []
+            if max_new_tokens <= 0:
+                return out, logits, cached
+            ends = set(self.tokenizer.all_special_ids)
+            past = DynamicCache(ddp_cache_data=kv)
+            last = hidden[-1]
+            for position in range(len(tokens), len(tokens) + max_new_tokens):
+                token = int(torch.argmax(self.lm_head(last)))  # softcap is monotonic: skipped
+                if token in ends:
+                    break
+                out.append(token)
+                if len(out) == max_new_tokens or (stop is not None and stop(out)):
+                    break
+                step = self.decoder(
+                    input_ids=torch.tensor([[token]], device=self.device),
+                    position_ids=torch.tensor([[position]], device=self.device),
+                    cache=past,
+                    use_cache=True,
+                )
+                last = step.last_hidden_state[0, -1]
+        return out, logits, cached
+
 
 def _added_special(tokenizer: Any) -> set[str]:
     decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}

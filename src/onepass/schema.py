@@ -1,0 +1,1001 @@
+"""Ordered JSON-Schema decisions: every field of a schema, in declared order, is one restricted
+label readout on the System One prompt path, so every returned value is a declared value.
+
+A schema compiles (pure, no torch) into fields with finite domains: ``enum``/``const`` values,
+booleans, score levels (``x-score`` or a bounded number with a step) and nested objects,
+flattened in order. A field with no finite domain is refused, naming it, unless it is declared
+open (``"x-open": true``): then one more candidate, the escape, is offered, and only when it wins
+is a JSON string generated, bounded and stopped at its closing quote.
+
+Two execution modes compute different conditionals:
+
+* **sequential** — each decision reads the earlier ones. The chosen *value* (JSON text) is
+  written back as the assistant's reply and the next question follows as a new user turn, so
+  prompt k+1 is prompt k plus a tail, byte for byte and token for token, and the prefix cache
+  serves all of prompt k: one forward of the new tail per field.
+* **batch** — every field reads only the context: the context is the shared prefix and each
+  field is one branch of one packed forward (the System One fast path).
+
+Layout of a sequential run (chat models; plain models use ``Answer:`` and blank lines)::
+
+    system: <instructions + engine context>
+    user:   <document>…</document>\\n\\n<question 1>      ← label of field 1 read here
+    assistant: "travel"                                  ← value written back
+    user:   <question 2>                                 ← label of field 2 read here
+    …
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from onepass import prompt as P
+from onepass.contract import DEFAULT_MODEL_ALIAS, ContractError
+from onepass.readout import argmax_first, restricted_softmax
+
+if TYPE_CHECKING:
+    from onepass.engine import DecisionEngine
+
+Mode = Literal["sequential", "batch"]
+Kind = Literal["enum", "boolean", "score", "open"]
+
+MODES = ("sequential", "batch")
+MAX_FIELDS = 256
+MAX_ENUM_VALUES = 255
+MAX_SCORE_LEVELS = 11
+DEFAULT_OPEN_MAX_TOKENS = 32
+MAX_OPEN_TOKENS = 512
+ESCAPE_KEY = "x-open"
+"""Probability key of the escape candidate of an open field."""
+DEFAULT_ESCAPE_TEXT = "other"
+_MAX_REF_DEPTH = 32
+_UNSUPPORTED = ("allOf", "not", "if", "then", "else", "patternProperties")
+
+
+# --------------------------------------------------------------------------- values
+
+
+def value_text(value: Any) -> str:
+    """A declared value as a string key: strings as-is, anything else as JSON text."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _value_id(value: Any) -> tuple[str, str]:
+    """Identity of a value that keeps ``True`` apart from ``1`` and ``"1"`` apart from ``1``."""
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, bool) or value is None:
+        return ("c", json.dumps(value))
+    return ("n", repr(float(value)))
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
+def _check_json(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ContractError(where, "expected a finite number, got NaN or Infinity")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ContractError(where, "expected an object with string keys")
+            _check_json(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]")
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise ContractError(where, f"expected a JSON value, got {type(value).__name__}")
+
+
+# --------------------------------------------------------------------------- compiled schema
+
+
+@dataclass(frozen=True)
+class SchemaField:
+    """One decision: a leaf of the schema with its finite domain, in declared order.
+
+    ``values`` are the declared values; an open field adds the escape candidate after them
+    (its option text is ``escape_text``, its probability key :data:`ESCAPE_KEY`).
+    """
+
+    path: str
+    keys: tuple[str, ...]
+    kind: Kind
+    question: Any
+    values: tuple[Any, ...]
+    descriptions: tuple[Any, ...]
+    open: bool = False
+    escape_text: str = DEFAULT_ESCAPE_TEXT
+    max_length: int | None = None
+
+    @property
+    def qtype(self) -> str:
+        """The prompt question type it renders as (scores list ordered levels)."""
+        return "score" if self.kind == "score" else "choice"
+
+    @property
+    def keys_text(self) -> tuple[str, ...]:
+        """Probability keys, one per candidate (the escape last)."""
+        keys = tuple(value_text(v) for v in self.values)
+        return (*keys, ESCAPE_KEY) if self.open else keys
+
+    @property
+    def trivial(self) -> bool:
+        """A single declared value and no escape: decided without the model."""
+        return len(self.values) == 1 and not self.open
+
+    def option_names(self) -> tuple[str, ...]:
+        names = tuple(v if isinstance(v, str) and v else json.dumps(v) for v in self.values)
+        return (*names, self.escape_text) if self.open else names
+
+    def option_descriptions(self) -> tuple[Any, ...]:
+        """For a score the level lines carry the value (the prompt prints no level names)."""
+        if self.kind == "score":
+            return tuple(
+                n if d is None else f"{n}: {P.render_content(d)}"
+                for n, d in zip(self.option_names(), self.descriptions, strict=True)
+            )
+        return (*self.descriptions, None) if self.open else self.descriptions
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is in the field's domain (an open field admits bounded strings)."""
+        if _value_id(value) in {_value_id(v) for v in self.values}:
+            return True
+        return (
+            self.open
+            and isinstance(value, str)
+            and (self.max_length is None or len(value) <= self.max_length)
+        )
+
+
+@dataclass(frozen=True)
+class CompiledSchema:
+    """Fields in decision order, plus the object skeleton (nested objects, in order)."""
+
+    fields: tuple[SchemaField, ...]
+    slots: tuple[tuple[tuple[str, ...], SchemaField | None], ...]
+
+    def assemble(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The typed object: nested objects in declared order, each leaf from ``values``."""
+        out: dict[str, Any] = {}
+        for keys, leaf in self.slots:
+            parent = out
+            for key in keys[:-1]:
+                parent = parent[key]
+            parent[keys[-1]] = {} if leaf is None else values[leaf.path]
+        return out
+
+    def validate(self, obj: Any) -> list[str]:
+        """Every way ``obj`` misses the schema (empty when it is a valid decision)."""
+        problems: list[str] = []
+        for keys, leaf in self.slots:
+            node, where = obj, []
+            for key in keys:
+                where.append(key)
+                if not isinstance(node, dict) or key not in node:
+                    problems.append(f"{'.'.join(where)}: missing")
+                    break
+                node = node[key]
+            else:
+                if leaf is None and not isinstance(node, dict):
+                    problems.append(f"{'.'.join(keys)}: expected an object")
+                elif leaf is not None and not leaf.contains(node):
+                    problems.append(f"{leaf.path}: {node!r} is not a declared value")
+        return problems
+
+
+def _field_error(keys: Sequence[str], message: str) -> ContractError:
+    path = ".".join(keys)
+    where = "schema" + "".join(f".properties.{k}" for k in keys)
+    return ContractError(where, f"field '{path}': {message}")
+
+
+def _types(node: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, ...]:
+    raw = node.get("type")
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(t, str) for t in items) or not items:
+        raise _field_error(keys, "'type' must be a string or a non-empty array of strings")
+    return tuple(items)
+
+
+def _resolve(node: Any, root: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """Follow local ``$ref`` pointers; keywords next to a ``$ref`` override the target's."""
+    for _ in range(_MAX_REF_DEPTH):
+        if not isinstance(node, dict):
+            raise _field_error(keys, f"expected a schema object, got {_json_type(node)}")
+        ref = node.get("$ref")
+        if ref is None:
+            return node
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise _field_error(keys, f"only local '$ref' pointers ('#/...') are supported: {ref!r}")
+        target: Any = root
+        for part in filter(None, ref[1:].split("/")):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise _field_error(keys, f"'$ref' {ref!r} points at nothing")
+            target = target[part]
+        if not isinstance(target, dict):
+            raise _field_error(keys, f"'$ref' {ref!r} is not a schema object")
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    raise _field_error(keys, "'$ref' chain too deep (recursive schemas have no finite domain)")
+
+
+def _scalar_values(raw: Any, keys: Sequence[str], what: str) -> list[Any]:
+    if not isinstance(raw, list) or not raw:
+        raise _field_error(keys, f"'{what}' must be a non-empty array")
+    for v in raw:
+        if isinstance(v, (dict, list)):
+            raise _field_error(keys, f"'{what}' values must be strings, numbers, booleans or null")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise _field_error(keys, f"'{what}' values must be finite numbers")
+    return list(raw)
+
+
+def _check_distinct(values: Sequence[Any], keys: Sequence[str]) -> None:
+    texts = [value_text(v) for v in values]
+    if len(set(texts)) != len(texts):
+        dup = next(t for t in texts if texts.count(t) > 1)
+        raise _field_error(
+            keys, f"declared values must be distinct as text; {dup!r} appears more than once"
+        )
+    if ESCAPE_KEY in texts:
+        raise _field_error(keys, f"{ESCAPE_KEY!r} is reserved for the open branch")
+
+
+def _check_types(values: Sequence[Any], types: Sequence[str], keys: Sequence[str]) -> None:
+    if not types:
+        return
+    for v in values:
+        t = _json_type(v)
+        ok = t in types or (t == "integer" and "number" in types)
+        if not ok:
+            raise _field_error(keys, f"declared value {v!r} is {t}, not {' or '.join(types)}")
+
+
+def _decimals(x: float | int) -> int:
+    return max(0, -Decimal(repr(x)).as_tuple().exponent) if isinstance(x, float) else 0
+
+
+def _range_levels(node: Mapping[str, Any], types: Sequence[str], keys: Sequence[str]) -> list:
+    """Levels of a bounded number: multiples of ``multipleOf`` (or ``minimum + i·x-step``)."""
+    lo, hi = node.get("minimum"), node.get("maximum")
+    step = node.get("multipleOf", node.get("x-step"))
+    integer = "integer" in types and "number" not in types
+    if step is None and integer:
+        step = 1
+    hint = (
+        "a number needs 'minimum', 'maximum' and a step ('multipleOf' or 'x-step'; integers "
+        f"default to 1) expanding to at most {MAX_SCORE_LEVELS} levels, or an 'enum', "
+        "or 'x-score' levels"
+    )
+    nums = (lo, hi, step)
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in nums):
+        if "exclusiveMinimum" in node or "exclusiveMaximum" in node:
+            hint += " (exclusive bounds are not supported: use minimum/maximum)"
+        raise _field_error(keys, f"no finite domain: {hint}")
+    if not all(math.isfinite(x) for x in nums) or step <= 0 or hi < lo:
+        raise _field_error(keys, "needs finite minimum <= maximum and a step greater than 0")
+    digits = max(_decimals(lo), _decimals(step), _decimals(hi))
+    eps = 1e-9
+    if "multipleOf" in node:
+        first, last = math.ceil(lo / step - eps), math.floor(hi / step + eps)
+        raw = [k * step for k in range(first, last + 1)] if last - first < 1000 else None
+    else:
+        count = (hi - lo) / step
+        n = round(count) if abs(count - round(count)) < 1e-6 else math.floor(count)
+        raw = [lo + i * step for i in range(n + 1)] if count < 1000 else None
+    if raw is None or len(raw) > MAX_SCORE_LEVELS:
+        raise _field_error(
+            keys, f"expands to more than {MAX_SCORE_LEVELS} levels: {hint}"
+        )
+    all_int = isinstance(lo, int) and isinstance(step, int)
+    levels: list[Any] = []
+    for x in raw:
+        x = round(x, digits)
+        if integer or all_int:
+            if not float(x).is_integer():
+                continue
+            x = int(x)
+        levels.append(x)
+    if not levels:
+        raise _field_error(keys, "the bounds and step admit no value")
+    return levels
+
+
+def _descriptions(node: Mapping[str, Any], count: int, keys: Sequence[str]) -> tuple[Any, ...]:
+    raw = node.get("x-descriptions")
+    if raw is None:
+        return (None,) * count
+    if not isinstance(raw, list) or len(raw) != count:
+        raise _field_error(keys, f"'x-descriptions' must be an array of {count} descriptions")
+    for d in raw:
+        if d is not None and not isinstance(d, (str, dict, list)):
+            raise _field_error(keys, "'x-descriptions' items must be strings, JSON or null")
+    return tuple(raw)
+
+
+def _question(node: Mapping[str, Any], keys: Sequence[str]) -> Any:
+    for key in ("x-question", "description", "title"):
+        text = node.get(key)
+        if text is None:
+            continue
+        if not isinstance(text, (str, dict, list)) or (isinstance(text, str) and not text.strip()):
+            raise _field_error(keys, f"'{key}' must be non-empty text (the question asked)")
+        _check_json(text, "schema")
+        return text
+    return f"What is the value of '{'.'.join(keys)}'?"
+
+
+def _leaf(node: dict[str, Any], root: Mapping[str, Any], keys: tuple[str, ...]) -> SchemaField:
+    types = _types(node, keys)
+    question = _question(node, keys)
+    bad = next((k for k in _UNSUPPORTED if k in node), None)
+    if bad:
+        raise _field_error(keys, f"'{bad}' cannot be decided over a finite domain")
+    if "array" in types or "items" in node:
+        raise _field_error(keys, "arrays have no finite domain: use an enum or an object")
+    open_flag = node.get("x-open", False)
+    if not isinstance(open_flag, (bool, str)) or open_flag == "":
+        raise _field_error(keys, "'x-open' must be true, false or the escape option's text")
+    is_open = bool(open_flag)
+    escape = open_flag if isinstance(open_flag, str) else DEFAULT_ESCAPE_TEXT
+
+    score = node.get("x-score", False)
+    kind: Kind
+    if "anyOf" in node or "oneOf" in node:
+        combo = "anyOf" if "anyOf" in node else "oneOf"
+        branches = node[combo]
+        if not isinstance(branches, list) or not branches:
+            raise _field_error(keys, f"'{combo}' must be a non-empty array")
+        values = []
+        for branch in branches:
+            b = _resolve(branch, root, keys)
+            bt = _types(b, keys)
+            if "const" in b:
+                values.append(b["const"])
+            elif "enum" in b:
+                values.extend(_scalar_values(b["enum"], keys, "enum"))
+            elif bt and set(bt) <= {"boolean", "null"}:
+                values.extend(([True, False] if "boolean" in bt else []) + (
+                    [None] if "null" in bt else []))
+            else:
+                raise _field_error(
+                    keys, f"every '{combo}' branch must be an enum, a const, boolean or null"
+                )
+        values = [v for i, v in enumerate(values)
+                  if _value_id(v) not in {_value_id(w) for w in values[:i]}]
+        kind = "enum"
+    elif "const" in node:
+        values = _scalar_values([node["const"]], keys, "const")
+        kind = "enum"
+    elif "enum" in node:
+        values = _scalar_values(node["enum"], keys, "enum")
+        _check_types(values, types, keys)
+        kind = "score" if score is True else "enum"
+        if all(isinstance(v, bool) for v in values):
+            kind = "boolean"
+    elif isinstance(score, list):
+        values = _scalar_values(score, keys, "x-score")
+        _check_types(values, types, keys)
+        kind = "score"
+    elif types and set(types) <= {"boolean", "null"}:
+        values = ([True, False] if "boolean" in types else []) + (
+            [None] if "null" in types else [])
+        kind = "boolean" if "boolean" in types else "enum"
+    elif types and set(types) <= {"number", "integer"}:
+        values = _range_levels(node, types, keys)
+        kind = "score"
+    elif is_open and (not types or set(types) <= {"string"}):
+        values, kind = [], "open"
+    elif "string" in types:
+        raise _field_error(
+            keys, "a free string has no finite domain: give an 'enum', or declare the field "
+            "open with \"x-open\": true (free text only through that escape)"
+        )
+    else:
+        shown = " or ".join(types) if types else "no 'type' and no 'enum'"
+        raise _field_error(keys, f"no finite domain ({shown}): give an 'enum', 'const', "
+                           "boolean, 'x-score' levels or a bounded number with a step")
+    if score not in (False, True) and not isinstance(score, list):
+        raise _field_error(keys, "'x-score' must be true (the enum is ordered) or a list of levels")
+    if is_open:
+        if kind in ("score", "boolean") or (types and "string" not in types):
+            raise _field_error(keys, "'x-open' applies to string fields (an enum or a string)")
+        for kw in ("pattern", "format", "minLength"):
+            if kw in node:
+                raise _field_error(keys, f"'{kw}' cannot be guaranteed for generated text")
+    max_length = node.get("maxLength")
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0
+    ):
+        raise _field_error(keys, "'maxLength' must be a non-negative integer")
+    limit = MAX_SCORE_LEVELS if kind == "score" else MAX_ENUM_VALUES
+    if len(values) > limit:
+        raise _field_error(keys, f"at most {limit} values are supported, got {len(values)}")
+    _check_distinct(values, keys)
+    if is_open and escape in {value_text(v) for v in values}:
+        raise _field_error(keys, f"the escape text {escape!r} is also a declared value")
+    return SchemaField(
+        path=".".join(keys),
+        keys=keys,
+        kind=kind,
+        question=question,
+        values=tuple(values),
+        descriptions=_descriptions(node, len(values), keys) if values else (),
+        open=is_open,
+        escape_text=escape,
+        max_length=max_length if is_open else None,
+    )
+
+
+def compile_schema(schema: Any) -> CompiledSchema:
+    """Fields of an object schema in declared property order (nested objects flattened).
+
+    Raises :class:`ContractError` naming the field when a field has no finite domain.
+    """
+    if isinstance(schema, CompiledSchema):
+        return schema
+    if not isinstance(schema, dict):
+        raise ContractError("schema", f"expected a JSON Schema object, got {_json_type(schema)}")
+    _check_json(schema, "schema")
+    fields: list[SchemaField] = []
+    slots: list[tuple[tuple[str, ...], SchemaField | None]] = []
+
+    def walk(node: dict[str, Any], keys: tuple[str, ...]) -> None:
+        props = node.get("properties")
+        if not isinstance(props, dict):
+            message = "expected an object schema with 'properties' (an object of field schemas)"
+            raise _field_error(keys, message) if keys else ContractError("schema", message)
+        for name, sub in props.items():
+            if not name or "." in name:
+                raise _field_error((*keys, name), "property names must be non-empty, without '.'")
+            child_keys = (*keys, name)
+            child = _resolve(sub, schema, child_keys)
+            if "properties" in child or _types(child, child_keys) == ("object",):
+                slots.append((child_keys, None))
+                walk(child, child_keys)
+            else:
+                leaf = _leaf(child, schema, child_keys)
+                fields.append(leaf)
+                slots.append((child_keys, leaf))
+            if len(fields) > MAX_FIELDS:
+                raise ContractError("schema", f"at most {MAX_FIELDS} fields are supported")
+
+    root = _resolve(schema, schema, ())
+    walk(root, ())
+    if not fields:
+        raise ContractError("schema.properties", "expected at least one field to decide")
+    return CompiledSchema(tuple(fields), tuple(slots))
+
+
+def extend_schema(schema: Mapping[str, Any], learned: Mapping[str, str]) -> dict[str, Any]:
+    """A copy of ``schema`` where each open field's generated value is a declared option.
+
+    ``learned`` maps dotted paths to generated values (:attr:`SchemaDecision.learned`). Passing
+    the result back makes the value one single-token label next time, the escape still open.
+    """
+    out = copy.deepcopy(dict(schema))
+    for path, value in learned.items():
+        node: dict[str, Any] = _resolve(out, out, ())
+        keys = path.split(".")
+        for i, key in enumerate(keys):
+            props = node.get("properties")
+            if not isinstance(props, dict) or key not in props:
+                raise ContractError("learned", f"{path!r} is not a field of the schema")
+            props[key] = _resolve(props[key], out, keys[: i + 1])  # inline: never edit a $def
+            node = props[key] = dict(props[key])
+        enum = list(node.get("enum", []))
+        if all(_value_id(v) != _value_id(value) for v in enum):
+            enum.append(value)
+        node["enum"] = enum
+    return out
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class FieldDecision:
+    """One field's outcome: the value, the distribution over its candidates, the label read.
+
+    ``cached_tokens`` is how many prompt tokens the decision took from the prefix cache,
+    ``prompt_tokens`` the length of the prompt it was read at, ``tokens`` that prompt's ids and
+    ``candidates`` the label token ids read (kept for audits: tests recompute them naively).
+    """
+
+    path: str
+    value: Any
+    probabilities: dict[str, float]
+    label: str | None
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    generated: bool = False
+    tokens: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    candidates: tuple[int, ...] = field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "value": self.value,
+            "probabilities": dict(self.probabilities),
+            "cached_tokens": self.cached_tokens,
+        }
+        if self.generated:
+            out["generated"] = True
+        return out
+
+
+@dataclass
+class SchemaDecision:
+    """The typed object plus, per dotted field path, how it was decided."""
+
+    model: str
+    mode: Mode
+    value: dict[str, Any]
+    fields: dict[str, FieldDecision]
+    usage: dict[str, int]
+    seconds: float = 0.0
+
+    @property
+    def learned(self) -> dict[str, str]:
+        """Values produced by open branches, to pass back through :func:`extend_schema`."""
+        return {p: f.value for p, f in self.fields.items() if f.generated}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The HTTP/CLI response body."""
+        return {
+            "model": self.model,
+            "mode": self.mode,
+            "value": self.value,
+            "fields": {p: f.to_dict() for p, f in self.fields.items()},
+            "usage": dict(self.usage),
+        }
+
+
+# --------------------------------------------------------------------------- prompt growth
+
+_TURN_BREAKS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def turn_break(engine: DecisionEngine) -> str:
+    """Text between the assistant's written-back value and the next user question.
+
+    Derived from the model's own chat template by rendering a two-turn conversation with
+    marker strings; it must reproduce the one-turn prompt as a prefix. Without a template (or
+    if it does not), a blank line continues the transcript.
+    """
+    if engine in _TURN_BREAKS:
+        return _TURN_BREAKS[engine]
+    fmt, backend = engine.format, engine.backend
+    found = "\n\n"
+    if getattr(backend, "chat_template", None) and fmt != P.PLAIN_FORMAT:
+        s, u1, a1, u2 = (f"\x01ONEPASS_{m}\x01" for m in ("S", "U", "A", "V"))
+        first = fmt.head + s + fmt.middle + u1 + fmt.tail + a1
+        end = u2 + fmt.tail
+        for messages in (
+            [{"role": "system", "content": s}, {"role": "user", "content": u1}],
+            [{"role": "user", "content": s + fmt.middle + u1}],
+        ):
+            messages += [{"role": "assistant", "content": a1}, {"role": "user", "content": u2}]
+            try:
+                text = backend.render_chat(messages)
+            except Exception:  # a template that refuses this shape: try the next one
+                continue
+            if text.startswith(first) and text.endswith(end) and len(text) >= len(first + end):
+                found = text[len(first) : len(text) - len(end)]
+                break
+    _TURN_BREAKS[engine] = found
+    return found
+
+
+def _next_turn(engine: DecisionEngine, suffix: str) -> str:
+    """The question block of ``suffix`` and what follows it, without what precedes it.
+
+    ``render_suffix`` wraps the block (a separator from the document before it, the chat tail
+    after it); in a new user turn the separator is dropped and everything else is kept, so the
+    position still ends exactly where its labels were checked.
+    """
+    mark = "\x01ONEPASS_BLOCK\x01"
+    lead, _ = P.render_suffix(engine.format, mark).split(mark)
+    if not suffix.startswith(lead):
+        raise RuntimeError("prompt.render_suffix no longer starts with a fixed separator")
+    return suffix[len(lead):]
+
+
+def record_text(value: Any, specials: Sequence[str] = ()) -> str:
+    """The value as written back into the prompt: JSON text, special tokens neutralised."""
+    return P.neutralise(json.dumps(value, ensure_ascii=False, allow_nan=False), specials)
+
+
+# --------------------------------------------------------------------------- open branch
+
+
+def _string_end(text: str) -> int | None:
+    """Index where a JSON string body ends (unescaped quote or raw control char), else None."""
+    escaped = False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"' or ord(ch) < 0x20:
+            return i
+    return None
+
+
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def read_json_string(body: str, max_length: int | None = None) -> str:
+    """Decode a generated JSON string body (possibly cut by the bound) into a valid string.
+
+    A dangling or invalid escape is dropped, lone surrogates and a trailing partial character
+    are removed, and the result is cut to ``max_length`` characters.
+    """
+    end = _string_end(body)
+    body = body if end is None else body[:end]
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = body[i + 1 : i + 2]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt == "u" and len(body) >= i + 6 and all(
+            c in "0123456789abcdefABCDEF" for c in body[i + 2 : i + 6]
+        ):
+            out.append(chr(int(body[i + 2 : i + 6], 16)))
+            i += 6
+        else:  # invalid or cut-off escape: drop the backslash
+            i += 1
+    text = "".join(out)
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "ignore")
+    text = "".join(c for c in text if not 0xD800 <= ord(c) <= 0xDFFF).rstrip("\ufffd")
+    return text if max_length is None else text[:max_length]
+
+
+def _generate_string(
+    engine: DecisionEngine, tokens: list[int], max_tokens: int, max_length: int | None
+) -> tuple[str, int, int, int]:
+    """Open the record's string and generate until its closing quote or the bound.
+
+    Returns ``(value, prompt tokens, cached prompt tokens, generated tokens)``.
+    """
+    backend = engine.backend
+    prompt = tokens + backend.encode('"', bos=False)
+    if max_length is not None:
+        max_tokens = min(max_tokens, max_length + 1)  # a token carries at least one character
+
+    def closed(ids: list[int]) -> bool:
+        text = backend.decode(ids)
+        return _string_end(text) is not None or (
+            max_length is not None and len(read_json_string(text)) > max_length
+        )
+
+    ids, _, cached = backend.generate(prompt, max_tokens, stop=closed)
+    return read_json_string(backend.decode(ids), max_length), len(prompt), cached, len(ids)
+
+
+# --------------------------------------------------------------------------- deciding
+
+
+def _choose(probabilities: Sequence[float], rng: random.Random | None) -> int:
+    """Argmax (first wins ties), or a draw from the candidate distribution."""
+    if rng is None:
+        return argmax_first(probabilities)
+    u, acc = rng.random(), 0.0
+    for i, p in enumerate(probabilities):
+        acc += p
+        if u < acc:
+            return i
+    return max(i for i, p in enumerate(probabilities) if p > 0)
+
+
+def _score_prompt(
+    engine: DecisionEngine, tokens: list[int], candidates: list[int]
+) -> tuple[list[float], int]:
+    """Candidate logits at the end of ``tokens``, leaving all of ``tokens`` in the cache."""
+    backend = engine.backend
+    if hasattr(backend, "generate"):
+        _, logits, cached = backend.generate(tokens, 0, candidates=candidates)
+        return logits, cached
+    # protocol-only backends: score the last token after the rest, then store the whole prompt
+    result = backend.score(tokens[:-1], [tokens[-1:]], [candidates])
+    backend.prefill(tokens)
+    return result.logits[0], result.cached_tokens
+
+
+def _check_length(engine: DecisionEngine, n: int) -> None:
+    if n > engine.max_input_tokens:
+        raise ContractError(
+            "context",
+            f"the prompt has {n} tokens, over the limit of {engine.max_input_tokens} "
+            "(max_input_tokens); nothing is truncated: shorten the context or the schema",
+            kind="max_tokens_exceeded",
+        )
+
+
+class _Run:
+    """State of one decide_schema call: readout options and the usage tally."""
+
+    def __init__(self, engine: DecisionEngine, temperature: float, rng: random.Random | None,
+                 max_open_tokens: int):
+        self.engine = engine
+        self.temperature = temperature
+        self.rng = rng
+        self.max_open_tokens = max_open_tokens
+        self.input_tokens = 0
+        self.cached_tokens = 0
+        self.output_tokens = 0
+
+    def readout(self, f: SchemaField, logits: list[float]) -> tuple[list[float], int]:
+        probs = restricted_softmax(logits, self.temperature)
+        return probs, _choose(probs, self.rng)
+
+    def open_value(self, f: SchemaField, tokens: list[int]) -> str:
+        _check_length(self.engine, len(tokens) + 1)
+        value, n, cached, out = _generate_string(
+            self.engine, tokens, self.max_open_tokens, f.max_length
+        )
+        self.input_tokens += n
+        self.cached_tokens += cached
+        self.output_tokens += out
+        return value
+
+    def decision(self, f: SchemaField, position: Any, probs: list[float], index: int,
+                 tokens: list[int], cached: int) -> FieldDecision:
+        generated = f.open and index == len(f.values)
+        value = self.open_value(f, tokens) if generated else f.values[index]
+        return FieldDecision(
+            f.path, value, dict(zip(f.keys_text, probs, strict=True)), position.labels[index].text,
+            cached, len(tokens), generated, tuple(tokens),
+            tuple(lb.token_id for lb in position.labels),
+        )
+
+
+def _trivial(f: SchemaField) -> FieldDecision:
+    return FieldDecision(f.path, f.values[0], {value_text(f.values[0]): 1.0}, None)
+
+
+def _position(engine: DecisionEngine, f: SchemaField) -> Any:
+    return engine.position(f.qtype, f.question, f.option_names(), f.option_descriptions())
+
+
+def _sequential(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[FieldDecision]:
+    engine = run.engine
+    backend = engine.backend
+    text: str | None = None
+    tokens: list[int] = []
+    record = ""
+    out = []
+    for f in compiled.fields:
+        if f.trivial:
+            out.append(_trivial(f))
+            continue
+        position = _position(engine, f)
+        if text is None:
+            new_text = prefix_text + position.suffix
+        else:
+            new_text = text + record + turn_break(engine) + _next_turn(engine, position.suffix)
+        full = backend.encode(new_text)
+        if full[: len(tokens)] != tokens:  # the joint merged across the boundary: keep prompt k
+            full = tokens + backend.encode(new_text[len(text or ""):], bos=False)
+        _check_length(engine, len(full))
+        candidates = [lb.token_id for lb in position.labels]
+        if f.kind == "open":  # only the escape is declared: nothing to read
+            logits, cached = [0.0], backend.prefill(full)
+        else:
+            logits, cached = _score_prompt(engine, full, candidates)
+            run.output_tokens += 1
+        run.input_tokens += len(full)
+        run.cached_tokens += cached
+        probs, index = run.readout(f, logits)
+        decision = run.decision(f, position, probs, index, full, cached)
+        out.append(decision)
+        text, tokens = new_text, full
+        record = record_text(decision.value, engine.specials)
+    return out
+
+
+def _batch(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[FieldDecision]:
+    engine = run.engine
+    live = [f for f in compiled.fields if not f.trivial]
+    positions = {f.path: _position(engine, f) for f in live}
+    scored_fields = [f for f in live if f.kind != "open"]
+    logits: dict[str, list[float]] = {}
+    cached = 0
+    if scored_fields:
+        scored = engine.score_positions(
+            prefix_text, [positions[f.path] for f in scored_fields], limit_field="context"
+        )
+        logits = {f.path: lg for f, lg in zip(scored_fields, scored.logits, strict=True)}
+        cached = scored.cached_tokens
+        run.input_tokens += scored.prefix_tokens + sum(scored.suffix_tokens)
+        run.cached_tokens += cached
+        run.output_tokens += len(scored_fields)
+    out = []
+    for f in compiled.fields:
+        if f.trivial:
+            out.append(_trivial(f))
+            continue
+        position = positions[f.path]
+        tokens = engine.backend.encode(prefix_text + position.suffix)
+        probs, index = run.readout(f, logits.get(f.path, [0.0]))
+        field_cached = cached if f.kind != "open" else 0
+        out.append(run.decision(f, position, probs, index, tokens, field_cached))
+    return out
+
+
+def decide_schema(
+    engine: DecisionEngine,
+    context: Any,
+    schema: Mapping[str, Any] | CompiledSchema,
+    *,
+    mode: Mode = "sequential",
+    temperature: float | None = None,
+    sample: bool = False,
+    seed: int | None = None,
+    max_open_tokens: int = DEFAULT_OPEN_MAX_TOKENS,
+) -> SchemaDecision:
+    """Decide every field of ``schema`` about ``context``; values are always declared values.
+
+    ``mode="sequential"`` lets each field read the earlier answers (one growing, cached
+    prompt); ``"batch"`` reads the context only (one packed forward). ``temperature`` acts on
+    the candidate distribution only; ``sample=True`` draws from it (reproducibly with
+    ``seed``), otherwise the argmax is taken. ``max_open_tokens`` bounds open-branch text.
+    """
+    if mode not in MODES:
+        raise ContractError("mode", f"expected 'sequential' or 'batch', got {mode!r}")
+    if context is None:
+        raise ContractError("context", "expected a string or a JSON value, got null")
+    _check_json(context, "context")
+    if temperature is None:
+        temperature = engine.temperature
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature) or temperature <= 0):
+        raise ContractError("temperature", "expected a finite number greater than 0")
+    if not isinstance(sample, bool):
+        raise ContractError("sample", f"expected true or false, got {_json_type(sample)}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ContractError("seed", f"expected an integer or null, got {_json_type(seed)}")
+    if (isinstance(max_open_tokens, bool) or not isinstance(max_open_tokens, int)
+            or not 1 <= max_open_tokens <= MAX_OPEN_TOKENS):
+        raise ContractError("max_open_tokens", f"expected an integer from 1 to {MAX_OPEN_TOKENS}")
+    compiled = compile_schema(schema)
+    if any(f.open for f in compiled.fields) and not hasattr(engine.backend, "generate"):
+        raise ContractError("schema", "open fields need a backend that can generate text",
+                            kind="unsupported")
+    start = time.perf_counter()
+    rng = random.Random(seed) if sample else None
+    run = _Run(engine, float(temperature), rng, max_open_tokens)
+    prefix_text = P.render_prefix(engine.format, context, engine.context, engine.specials)
+    decided = (_sequential if mode == "sequential" else _batch)(run, compiled, prefix_text)
+    fields = {d.path: d for d in decided}
+    return SchemaDecision(
+        model=engine.served_name,
+        mode=mode,
+        value=compiled.assemble({p: d.value for p, d in fields.items()}),
+        fields=fields,
+        usage={
+            "input_tokens": run.input_tokens,
+            "output_tokens": run.output_tokens,
+            "cached_tokens": run.cached_tokens,
+        },
+        seconds=time.perf_counter() - start,
+    )
+
+
+# --------------------------------------------------------------------------- wire
+
+
+def decide_request(engine: DecisionEngine, body: Any) -> dict[str, Any]:
+    """``POST /v1/decisions``: validate the decoded body, decide, return the response dict.
+
+    Client faults raise :class:`ContractError` naming the field (the server answers 4xx).
+    """
+    if not isinstance(body, dict):
+        raise ContractError("body", f"expected a JSON object, got {_json_type(body)}")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ContractError("model", f"expected a non-empty string, got {_json_type(model)}")
+    engine.check_model(model)
+    if "context" not in body:
+        raise ContractError("context", "field required: a string or any JSON value")
+    if "schema" not in body:
+        raise ContractError("schema", "field required: an object JSON Schema with 'properties'")
+    if "mode" not in body:
+        raise ContractError("mode", "field required: 'sequential' or 'batch'")
+    decision = decide_schema(
+        engine,
+        body["context"],
+        body["schema"],
+        mode=body["mode"],
+        temperature=body.get("temperature"),
+        sample=body.get("sample", False),
+        seed=body.get("seed"),
+        max_open_tokens=body.get("max_open_tokens", DEFAULT_OPEN_MAX_TOKENS),
+    )
+    return decision.to_dict()
+
+
+class DecisionsRequestModel(BaseModel):
+    """``POST /v1/decisions`` body, for the OpenAPI document (validation: decide_request)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model: str | None = Field(default=None, examples=[DEFAULT_MODEL_ALIAS])
+    context: JsonValue = Field(description="The document the decisions are about: text or JSON")
+    schema_: dict[str, JsonValue] = Field(
+        alias="schema",
+        description=(
+            "An object JSON Schema. Fields are decided in declared property order; each needs "
+            "a finite domain: enum/const (strings, numbers, null), boolean, x-score levels, a "
+            "number with minimum/maximum/multipleOf (at most 11 levels) or a nested object. "
+            "description or x-question is the question; x-open: true adds an escape value "
+            "filled by bounded free text (maxLength)."
+        ),
+        examples=[{"type": "object", "properties": {
+            "category": {"enum": ["meal", "travel", "equipment"]},
+            "refundable": {"type": "boolean", "description": "Is the expense refundable?"},
+        }}],
+    )
+    mode: Mode = Field(description="sequential: each field reads the earlier answers; "
+                                   "batch: every field reads only the context")
+    temperature: float | None = Field(default=None, gt=0)
+    sample: bool = False
+    seed: int | None = None
+    max_open_tokens: int = Field(default=DEFAULT_OPEN_MAX_TOKENS, ge=1, le=MAX_OPEN_TOKENS)
+
+
+class FieldDecisionModel(BaseModel):
+    value: JsonValue
+    probabilities: dict[str, float] = Field(
+        description=f"Per declared value (as a string; the open escape is {ESCAPE_KEY!r})"
+    )
+    cached_tokens: int
+    generated: bool | None = Field(default=None, description="true when the open branch wrote it")
+
+
+class DecisionsUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+
+
+class DecisionsResponseModel(BaseModel):
+    model: str
+    mode: Mode
+    value: dict[str, JsonValue]
+    fields: dict[str, FieldDecisionModel]
+    usage: DecisionsUsage

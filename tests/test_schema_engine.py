@@ -1,0 +1,307 @@
+"""Schema decisions on the real embedded model: cache reuse proven, both modes against naive
+recomputation, sampling, the open branch, the wire and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from onepass import prompt as P
+from onepass.contract import ContractError
+from onepass.readout import restricted_softmax
+from onepass.schema import (
+    ESCAPE_KEY,
+    _string_end,
+    compile_schema,
+    decide_request,
+    extend_schema,
+    read_json_string,
+    record_text,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two cores shared with other jobs: more than one intra-op thread thrashes (10x slower)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+CONTEXT = "Taxi from the airport to the hotel, 42 EUR, paid personally; the receipt is missing."
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "category": {"enum": ["meal", "travel", "equipment"],
+                     "description": "What kind of expense is this?"},
+        "refund": {"type": "boolean", "description": "Should it be refunded?"},
+        "review": {
+            "type": "object",
+            "properties": {
+                "risk": {"type": "integer", "minimum": 1, "maximum": 4,
+                         "description": "How risky is it?"},
+                "queue": {"enum": ["finance", "manager", None], "x-question": "Who reviews it?"},
+            },
+        },
+    },
+}
+
+
+def reference_probs(engine, decision, temperature=1.0):
+    """The same decision from one plain full forward of its prompt (no cache, no packing)."""
+    logits = engine.backend.reference_logits(list(decision.tokens), list(decision.candidates))
+    return restricted_softmax(logits, temperature)
+
+
+def close(a, b, tol=1e-4):
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b, strict=True))
+
+
+# --------------------------------------------------------------------------- sequential
+
+
+def test_sequential_prompts_grow_and_reuse_the_whole_previous_prompt(engine):
+    engine.backend.cache.clear()
+    d = engine.decide_schema(CONTEXT, SCHEMA, mode="sequential")
+    fields = list(d.fields.values())
+    assert [f.path for f in fields] == ["category", "refund", "review.risk", "review.queue"]
+    for prev, cur in zip(fields, fields[1:], strict=False):
+        # prompt k+1 is prompt k plus a tail, token for token and byte for byte ...
+        assert cur.tokens[: len(prev.tokens)] == prev.tokens
+        assert len(cur.tokens) > len(prev.tokens)
+        tail = engine.backend.decode(cur.tokens[len(prev.tokens):])
+        # ... the tail starts with the chosen VALUE written back, not its label ...
+        assert tail.startswith(record_text(prev.value, engine.specials))
+        # ... and the cache served all of prompt k (reported by the backend, not assumed)
+        assert cur.cached_tokens == prev.prompt_tokens == len(prev.tokens)
+    assert d.usage["input_tokens"] == sum(f.prompt_tokens for f in fields)
+    assert d.usage["cached_tokens"] == sum(f.cached_tokens for f in fields)
+    assert d.usage["output_tokens"] == len(fields)
+    # the first prompt is exactly the System One position of the first field
+    assert fields[0].tokens[: fields[0].cached_tokens] == tuple(
+        engine.backend.encode(P.render_prefix(engine.format, CONTEXT, engine.context,
+                                              engine.specials))[: fields[0].cached_tokens]
+    )
+
+
+def test_sequential_answers_equal_a_no_cache_run(engine):
+    engine.backend.cache.clear()
+    d = engine.decide_schema(CONTEXT, SCHEMA, mode="sequential", temperature=0.7)
+    assert [f.cached_tokens > 0 for f in d.fields.values()] == [True] * 4
+    for f in d.fields.values():  # each prompt recomputed whole by a plain forward
+        assert close(list(f.probabilities.values()), reference_probs(engine, f, 0.7))
+
+
+# --------------------------------------------------------------------------- batch
+
+
+def test_batch_is_one_forward_and_each_field_equals_asking_it_alone(engine, monkeypatch):
+    calls = []
+    score = engine.backend.score
+
+    def counting(prefix, suffixes, candidates):
+        calls.append(len(suffixes))
+        return score(prefix, suffixes, candidates)
+
+    monkeypatch.setattr(engine.backend, "score", counting)
+    d = engine.decide_schema(CONTEXT, SCHEMA, mode="batch")
+    assert calls == [4]  # every field is one branch of one packed forward
+    compiled = compile_schema(SCHEMA)
+    for f in compiled.fields:
+        alone_schema = {"properties": {"only": next(
+            _node(SCHEMA, f.keys))}}
+        alone = engine.decide_schema(CONTEXT, alone_schema, mode="batch").fields["only"]
+        got = d.fields[f.path]
+        assert close(list(got.probabilities.values()), list(alone.probabilities.values()))
+        assert got.tokens == alone.tokens
+    assert close(list(got.probabilities.values()), reference_probs(engine, got))
+
+
+def _node(schema, keys):
+    node = schema
+    for key in keys:
+        node = node["properties"][key]
+    yield node
+
+
+def test_temperature_acts_on_the_candidates_only(engine):
+    cold = engine.decide_schema(CONTEXT, SCHEMA, mode="batch", temperature=1.0)
+    hot = engine.decide_schema(CONTEXT, SCHEMA, mode="batch", temperature=3.0)
+    for path, f in cold.fields.items():
+        p1 = list(f.probabilities.values())
+        powered = [p ** (1 / 3.0) for p in p1]
+        expected = [p / sum(powered) for p in powered]
+        assert close(list(hot.fields[path].probabilities.values()), expected, 1e-6)
+        assert list(hot.fields[path].probabilities) == list(f.probabilities)
+    assert hot.value == cold.value  # argmax is unchanged by temperature
+
+
+def test_sampling_with_a_seed_is_reproducible_and_stays_in_the_domain(engine):
+    compiled = compile_schema(SCHEMA)
+    first, again = (
+        engine.decide_schema(CONTEXT, SCHEMA, mode="sequential", temperature=50.0,
+                             sample=True, seed=1)
+        for _ in range(2)
+    )
+    assert first.value == again.value
+    assert [f.label for f in first.fields.values()] == [f.label for f in again.fields.values()]
+    runs = [
+        engine.decide_schema(CONTEXT, SCHEMA, mode="batch", temperature=50.0, sample=True,
+                             seed=seed)
+        for seed in range(2, 6)
+    ]
+    assert all(compiled.validate(r.value) == [] for r in [first, *runs])
+    # near-uniform candidates: four different seeds do not all draw the same object
+    assert len({json.dumps(r.value) for r in runs}) > 1
+
+
+# --------------------------------------------------------------------------- open branch
+
+
+def _bias(engine, monkeypatch, toward_escape: bool):
+    """Make the escape win (or lose) by shifting the model's real logit for it."""
+    generate, score, calls = engine.backend.generate, engine.backend.score, []
+    shift = 100.0 if toward_escape else -100.0
+
+    def biased_generate(tokens, max_new_tokens, **kw):
+        ids, logits, cached = generate(tokens, max_new_tokens, **kw)
+        calls.append((max_new_tokens, ids))
+        if logits:
+            logits = [*logits[:-1], logits[-1] + shift]
+        return ids, logits, cached
+
+    def biased_score(prefix, suffixes, candidates):
+        result = score(prefix, suffixes, candidates)
+        rows = [[*row[:-1], row[-1] + shift] for row in result.logits]
+        return type(result)(rows, result.cached_tokens)
+
+    monkeypatch.setattr(engine.backend, "generate", biased_generate)
+    monkeypatch.setattr(engine.backend, "score", biased_score)
+    return calls
+
+
+OPEN = {
+    "properties": {
+        "vendor": {"enum": ["airline", "hotel"], "x-open": True, "maxLength": 30,
+                   "description": "Who was paid?"},
+        "paid": {"type": "boolean", "description": "Was it paid personally?"},
+    }
+}
+
+
+@pytest.mark.parametrize("mode", ["sequential", "batch"])
+def test_open_branch_writes_text_only_when_the_escape_wins(engine, monkeypatch, mode):
+    calls = _bias(engine, monkeypatch, toward_escape=False)
+    d = engine.decide_schema(CONTEXT, OPEN, mode=mode)
+    vendor = d.fields["vendor"]
+    assert not vendor.generated and vendor.value in ("airline", "hotel")
+    assert vendor.probabilities[ESCAPE_KEY] < 1e-6
+    assert all(n == 0 for n, _ in calls)  # nothing was generated
+
+    monkeypatch.undo()
+    calls = _bias(engine, monkeypatch, toward_escape=True)
+    d = engine.decide_schema(CONTEXT, OPEN, mode=mode, max_open_tokens=12)
+    vendor = d.fields["vendor"]
+    assert vendor.generated and vendor.label == "C" and vendor.probabilities[ESCAPE_KEY] > 0.99
+    generated = [ids for n, ids in calls if n > 0]
+    assert len(generated) == 1 and 0 < len(generated[0]) <= 12
+    text = engine.backend.decode(generated[0])
+    # stopped at the first token that closed the string or passed a bound (12 tokens,
+    # maxLength 30), or where the model ended its turn (its next greedy token is special)
+    before = engine.backend.decode(generated[0][:-1])
+    assert _string_end(before) is None and len(read_json_string(before)) <= 30
+    prompt = [*vendor.tokens, *engine.backend.encode('"', bos=False), *generated[0]]
+    assert (_string_end(text) is not None or len(generated[0]) == 12
+            or len(read_json_string(text)) > 30 or engine.backend.generate(prompt, 1)[0] == [])
+    assert isinstance(vendor.value, str) and len(vendor.value) <= 30
+    assert compile_schema(OPEN).validate(d.value) == []
+    assert d.learned == {"vendor": vendor.value}
+    assert d.to_dict()["fields"]["vendor"]["generated"] is True
+    assert d.usage["output_tokens"] == 2 + len(generated[0])
+    if mode == "sequential":  # the generated value is written back for the next decision
+        paid = d.fields["paid"]
+        tail = engine.backend.decode(paid.tokens[len(vendor.tokens):])
+        assert tail.startswith(record_text(vendor.value, engine.specials))
+        assert paid.cached_tokens >= vendor.prompt_tokens
+
+    # passed back, the value is a declared option with its own label next time
+    monkeypatch.undo()
+    again = engine.decide_schema(CONTEXT, extend_schema(OPEN, d.learned), mode=mode)
+    assert list(again.fields["vendor"].probabilities) == [
+        "airline", "hotel", vendor.value, ESCAPE_KEY]
+
+
+def test_open_branch_respects_the_token_bound_and_max_length(engine, monkeypatch):
+    schema = {"properties": {"note": {"type": "string", "x-open": True, "maxLength": 4,
+                                      "description": "Write a long note about the expense"}}}
+    calls = _bias(engine, monkeypatch, toward_escape=True)
+    d = engine.decide_schema(CONTEXT, schema, mode="sequential", max_open_tokens=3)
+    note = d.fields["note"]
+    assert note.generated and note.probabilities == {ESCAPE_KEY: 1.0}
+    assert [len(ids) <= 3 for n, ids in calls if n > 0] == [True]
+    assert isinstance(note.value, str) and len(note.value) <= 4
+    assert compile_schema(schema).validate(d.value) == []
+
+
+# --------------------------------------------------------------------------- contract
+
+
+def test_limits_and_refusals_through_the_engine(engine, monkeypatch):
+    with pytest.raises(ContractError) as err:
+        engine.decide_schema(CONTEXT, {"properties": {"title": {"type": "string"}}})
+    assert err.value.field == "schema.properties.title" and "'title'" in err.value.message
+    monkeypatch.setattr(engine, "max_input_tokens", 40)
+    for mode in ("sequential", "batch"):
+        with pytest.raises(ContractError) as err:
+            engine.decide_schema(CONTEXT, SCHEMA, mode=mode)
+        assert err.value.field == "context" and err.value.kind == "max_tokens_exceeded"
+
+
+def test_decide_request_answers_the_documented_shape(engine):
+    body = {"model": "jev-latest", "context": {"receipt": CONTEXT}, "schema": SCHEMA,
+            "mode": "batch", "temperature": 0.5, "sample": True, "seed": 4}
+    response = decide_request(engine, body)
+    assert set(response) == {"model", "mode", "value", "fields", "usage"}
+    assert response["model"] == engine.served_name and response["mode"] == "batch"
+    assert list(response["fields"]) == ["category", "refund", "review.risk", "review.queue"]
+    for entry in response["fields"].values():
+        assert set(entry) == {"value", "probabilities", "cached_tokens"}
+        assert all(isinstance(k, str) for k in entry["probabilities"])
+        assert abs(sum(entry["probabilities"].values()) - 1) < 1e-9
+    assert response["fields"]["review.queue"]["probabilities"].keys() == {
+        "finance", "manager", "null"}
+    assert all(isinstance(v, int) for v in response["usage"].values())
+    assert compile_schema(SCHEMA).validate(response["value"]) == []
+    again = decide_request(engine, body)  # seeded draws repeat; the context is now cached
+    assert again["value"] == response["value"]
+    assert again["usage"]["cached_tokens"] > response["usage"]["cached_tokens"]
+    json.dumps(response)
+    with pytest.raises(ContractError) as err:
+        decide_request(engine, {**body, "model": "gpt-4"})
+    assert err.value.kind == "model_not_found"
+
+
+def test_cli_prints_the_same_json(engine, monkeypatch, tmp_path, capsys):
+    from onepass import cli
+    from onepass.commands import decide_schema as command
+
+    monkeypatch.setattr(command, "engine_from_args", lambda args: engine)
+    (tmp_path / "ctx.txt").write_text(CONTEXT)
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    args = ["decide-schema", "--context", str(tmp_path / "ctx.txt"),
+            "--schema", str(tmp_path / "schema.json"), "--mode", "batch"]
+    assert cli.main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    direct = decide_request(engine, {"context": CONTEXT, "schema": SCHEMA, "mode": "batch"})
+    assert printed["value"] == direct["value"] and printed["mode"] == "batch"
+    for path, entry in printed["fields"].items():
+        assert close(list(entry["probabilities"].values()),
+                     list(direct["fields"][path]["probabilities"].values()))
+    (tmp_path / "bad.json").write_text(json.dumps({"properties": {"t": {"type": "string"}}}))
+    assert cli.main([*args[:3], "--schema", str(tmp_path / "bad.json")]) == 2
+    assert "schema.properties.t" in capsys.readouterr().err
