@@ -75,7 +75,7 @@ def naive_peer(engine: DecisionEngine, records: list[dict], label: str) -> float
             firsts = [backend.encode(" " + n, bos=False)[0] for n in names]
             logits = backend.reference_logits(ids, firsts)
             best = names[max(range(len(names)), key=lambda i: logits[i])]
-            right += best == gold_of(q, g) if q["type"] != "noul" else best == gold_of(q, g)
+            right += best == gold_of(q, gold[name])
     return right / sum(len(r["questions"]) for r in records)
 
 
@@ -108,9 +108,10 @@ def main() -> None:
     for fname, kwargs in formats.items():
         engine = DecisionEngine(base.backend, **kwargs)
         results[fname] = {s: accuracy(engine, recs, f"{fname} · {s}") for s, recs in sets.items()}
-    results["naive peer (one plain prompt per question)"] = {
-        s: naive_peer(base, recs, f"naive · {s}") for s, recs in sets.items()
-    }
+        print(fname, results[fname], flush=True)
+    naive = "naive peer (one plain prompt per question)"
+    results[naive] = {s: naive_peer(base, recs, f"naive · {s}") for s, recs in sets.items()}
+    print(naive, results[naive], flush=True)
     table = Table(title=f"zero-shot accuracy, {base.served_name}, {args.limit} CLINC examples/set")
     table.add_column("format")
     for s in sets:

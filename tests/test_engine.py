@@ -155,3 +155,28 @@ def test_typed_helpers(engine):
     assert c.choice in ("english", "french") and set(c.probabilities) == {"english", "french"}
     s = engine.score("A whale", "How big?", ["small", "medium", "large"])
     assert 0.0 <= s.score <= 2.0 and set(s.legend) == {"0", "1", "2"}
+
+
+def test_cached_prefix_is_never_mutated_by_requests(engine):
+    engine.backend.cache.clear()
+    engine.answer(MIXED)
+    entries = list(engine.backend.cache._items.items())
+    assert entries
+    snapshot = [[(k.clone(), v.clone()) for k, v in kv] for _, kv in entries]
+    engine.answer(MIXED)  # a hit: suffixes run on top of the cached tensors
+    engine.answer({**MIXED, "questions": {"x": {"type": "noul", "instructions": "Other."}}})
+    for (_, kv), before in zip(entries, snapshot):
+        for (k, v), (k0, v0) in zip(kv, before):
+            assert k.equal(k0) and v.equal(v0)
+
+
+def test_concurrent_requests_from_threads_give_the_same_answers(engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    states = [STATE, "A different ticket about a double charge.", STATE]
+    requests = [{**MIXED, "state": s} for s in states]
+    serial = [engine.answer(r)["answers"] for r in requests]
+    with ThreadPoolExecutor(4) as pool:
+        parallel = list(pool.map(lambda r: engine.answer(r)["answers"], requests * 2))
+    for got, want in zip(parallel, serial * 2):
+        assert_same(got, want)

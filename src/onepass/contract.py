@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -282,14 +282,14 @@ def resolves_to(requested: str | None, served_name: str) -> bool:
     if requested is None:
         return True
     name = requested.strip()
-    return name == served_name or name == DEFAULT_MODEL_ALIAS or name.startswith("jev-")
+    return name in (served_name, DEFAULT_MODEL_ALIAS) or name.startswith("jev-")
 
 
 # --------------------------------------------------------------------------- wire schemas
 # Pydantic models used for the OpenAPI document and for typed access in Python. The request
 # models describe exactly what parse_request accepts.
 
-Content = Union[str, dict[str, JsonValue], list[JsonValue]]
+Content = str | dict[str, JsonValue] | list[JsonValue]
 
 
 class NoulQuestionModel(BaseModel):
@@ -315,7 +315,7 @@ class ScoreQuestionModel(BaseModel):
     criteria: list[Content] = Field(min_length=1, max_length=MAX_SCORE_LEVELS)
 
 
-QuestionModel = Union[NoulQuestionModel, ChoiceQuestionModel, ScoreQuestionModel]
+QuestionModel = NoulQuestionModel | ChoiceQuestionModel | ScoreQuestionModel
 
 
 class SystemOneRequestModel(BaseModel):
@@ -354,5 +354,5 @@ class ScoreAnswer(BaseModel):
 
 class SystemOneResponseModel(BaseModel):
     model: str
-    answers: dict[str, Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]]
+    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
     usage: Usage

@@ -160,7 +160,10 @@ class DecisionEngine:
         probe = "Answer." + self.format.tail
         base = self.backend.encode(probe, bos=False)
         found = None
-        for spelling in (label, " " + label):
+        # after whitespace (a chat header's newline) the bare label is natural; after text
+        # ("Answer:") the spaced one is
+        natural = (label, " " + label) if probe[-1:].isspace() else (" " + label, label)
+        for spelling in natural:
             ids = self.backend.encode(probe + spelling, bos=False)
             if len(ids) == len(base) + 1 and ids[: len(base)] == base:
                 found = (ids[-1], spelling)
@@ -200,7 +203,9 @@ class DecisionEngine:
 
     # ------------------------------------------------------------------ scoring
 
-    def tokenize(self, prefix_text: str, suffixes: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+    def tokenize(
+        self, prefix_text: str, suffixes: Sequence[str]
+    ) -> tuple[list[int], list[list[int]]]:
         """Token ids of the shared prefix and of each suffix, exactly as the whole prompt
         tokenizes: the shared part is the longest common token prefix of every prompt."""
         prefix = self.backend.encode(prefix_text)

@@ -55,8 +55,8 @@ def expected_level(probabilities: Sequence[float]) -> float:
 def score_confidence(probabilities: Sequence[float]) -> float:
     """``max(0, 1 - E|i - mode| / MAD_uniform)``; 1.0 for a single level.
 
-    MAD_uniform is the same mean distance from the mode... under a uniform distribution,
-    i.e. ``mean_i |i - (n-1)/2|``, as in the published definition.
+    MAD_uniform is the mean distance under a uniform distribution, ``mean_i |i - (n-1)/2|``,
+    as in the published definition.
     """
     n = len(probabilities)
     if n <= 1:

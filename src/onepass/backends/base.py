@@ -28,7 +28,7 @@ class Backend(Protocol):
     chat_template: str | None
 
     def encode(self, text: str, *, bos: bool = True) -> list[int]:
-        """Token ids of ``text``; ``bos`` adds the model's begin-of-sequence token if it uses one."""
+        """Token ids of ``text``; ``bos`` prepends the model's BOS token if the model uses one."""
         ...
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:

@@ -18,7 +18,9 @@ HELP = "answer a JSONL file of System One requests"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input", required=True, help="JSONL file, one request per line (- for stdin)")
+    parser.add_argument(
+        "--input", required=True, help="JSONL file, one request per line (- for stdin)"
+    )
     parser.add_argument("--output", required=True, help="JSONL file for responses (- for stdout)")
     add_model_arguments(parser)
 
@@ -29,7 +31,10 @@ def _error_record(line_no: int, request_id, exc: Exception) -> dict:
     if isinstance(exc, ContractError):
         error = {"message": str(exc), "type": exc.kind, "field": exc.field}
     elif isinstance(exc, json.JSONDecodeError):
-        error = {"message": f"invalid JSON: {exc.msg} at column {exc.colno}", "type": "invalid_json"}
+        error = {
+            "message": f"invalid JSON: {exc.msg} at column {exc.colno}",
+            "type": "invalid_json",
+        }
     else:
         error = {"message": f"{exc.__class__.__name__}: {exc}", "type": "internal_error"}
     record = {"line": line_no, "error": error}
@@ -47,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
     with console.status("loading model…"):
         engine = engine_from_args(args)
-    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     errors = tokens = cached = 0
     start = time.perf_counter()
     stats_before = engine.backend.cache_stats()
