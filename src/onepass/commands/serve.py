@@ -60,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--workers", type=int, default=env_default("workers", 1, int),
                    help="engine worker threads (default 1; forward passes are serialised, a "
                    "2nd worker overlaps tokenisation with compute)")
+    g.add_argument("--threads", type=int, default=env_default("threads", 0, int),
+                   help="CPU threads for the model's forward passes (default 0: the torch "
+                   "default, one per core). On a CPU shared with other busy processes, 1 avoids "
+                   "thread oversubscription, which can make every forward several times slower")
     g.add_argument("--drain-seconds", type=float,
                    default=env_default("drain-seconds", S.DEFAULT_DRAIN_SECONDS, float),
                    help="on SIGTERM/SIGINT, how long in-flight requests may finish "
@@ -116,7 +120,18 @@ def run(args: argparse.Namespace) -> int:
                 settings.host,
             )
 
-    app = create_app(lambda: engine_from_args(args), settings)
+    shown = {k: v for k, v in vars(settings).items() if k != "api_key"}
+    shown["auth"] = settings.api_key is not None
+    log.info("starting", extra={"fields": {"settings": shown, "model": args.model,
+                                           "threads": args.threads or "default"}})
+    def load() -> Any:
+        if args.threads > 0:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        return engine_from_args(args)
+
+    app = create_app(load, settings)
     runtime = app.state.runtime
     config = uvicorn.Config(
         app,

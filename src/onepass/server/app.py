@@ -434,8 +434,16 @@ async def read_json(request: Request, settings: ServerSettings) -> Any:
     except ClientDisconnect:
         raise ClientGone() from None
 
+    fields = _log_fields(request)
+    fields["body_bytes"] = len(raw)
+    if codings:
+        fields["encoding"] = ",".join(codings)
+
     def decode_and_parse() -> Any:
-        return parse_json(decode_body(raw, codings, settings.max_body_bytes))
+        data = decode_body(raw, codings, settings.max_body_bytes)
+        if codings:
+            fields["decoded_bytes"] = len(data)
+        return parse_json(data)
 
     if len(raw) > _THREAD_PARSE_BYTES or codings:
         return await asyncio.to_thread(decode_and_parse)
