@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from onepass import prompt as P
 from onepass.contract import ContractError
 from onepass.schema import (
     ESCAPE_KEY,
@@ -21,6 +22,7 @@ from onepass.schema import (
     decide_request,
     extend_schema,
     read_json_string,
+    turn_break,
     value_text,
 )
 
@@ -320,3 +322,45 @@ def test_schema_module_imports_no_torch():
     code = "import sys, onepass.schema; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- prompt growth
+
+
+def _chatml(messages):
+    out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return out + "<|im_start|>assistant\n"
+
+
+def _no_system_role(messages):
+    if messages[0]["role"] == "system":
+        raise ValueError("System role not supported")
+    turns = {"user": "user", "assistant": "model"}
+    out = "<bos>" + "".join(
+        f"<start_of_turn>{turns[m['role']]}\n{m['content']}<end_of_turn>\n" for m in messages
+    )
+    return out + "<start_of_turn>model\n"
+
+
+@pytest.mark.parametrize(
+    ("render", "expected"),
+    [
+        (_chatml, "<|im_end|>\n<|im_start|>user\n"),
+        (_no_system_role, "<end_of_turn>\n<start_of_turn>user\n"),
+        (None, "\n\n"),
+    ],
+)
+def test_turn_break_comes_from_the_chat_template(render, expected):
+    backend = SimpleNamespace(chat_template="t" if render else None, render_chat=render)
+    fmt = P.ChatFormat.from_template(render) if render else P.PLAIN_FORMAT
+    engine = FakeEngine()  # weak-referenceable, like a real engine (turn_break memoises)
+    engine.format, engine.backend = fmt, backend
+    brk = turn_break(engine)
+    assert brk == expected
+    if render:  # one turn + value + break + next question + tail == the two-turn render
+        two = render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                      {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}]
+                     ) if render is _chatml else render(
+            [{"role": "user", "content": "S" + fmt.middle + "U"},
+             {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}])
+        assert two == fmt.head + "S" + fmt.middle + "U" + fmt.tail + "A" + brk + "V" + fmt.tail

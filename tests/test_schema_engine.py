@@ -97,6 +97,38 @@ def test_sequential_answers_equal_a_no_cache_run(engine):
         assert close(list(f.probabilities.values()), reference_probs(engine, f, 0.7))
 
 
+class ProtocolOnly:
+    """The engine's backend seen through the plain protocol: no ``generate``."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def __getattr__(self, name):
+        if name == "generate":
+            raise AttributeError(name)
+        return getattr(self._backend, name)
+
+
+def test_sequential_reuse_holds_on_a_protocol_only_backend(engine):
+    from onepass.engine import DecisionEngine
+
+    plain = DecisionEngine(ProtocolOnly(engine.backend), context=engine.context)
+    assert not hasattr(plain.backend, "generate")
+    engine.backend.cache.clear()
+    d = plain.decide_schema(CONTEXT, SCHEMA, mode="sequential")
+    fast = engine.decide_schema(CONTEXT, SCHEMA, mode="sequential")
+    fields = list(d.fields.values())
+    for prev, cur in zip(fields, fields[1:], strict=False):
+        assert cur.cached_tokens == prev.prompt_tokens
+    for path, f in d.fields.items():
+        assert f.tokens == fast.fields[path].tokens
+        assert close(list(f.probabilities.values()),
+                     list(fast.fields[path].probabilities.values()))
+    with pytest.raises(ContractError) as err:
+        plain.decide_schema(CONTEXT, {"properties": {"t": {"type": "string", "x-open": True}}})
+    assert err.value.kind == "unsupported"
+
+
 # --------------------------------------------------------------------------- batch
 
 

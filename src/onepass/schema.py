@@ -903,6 +903,12 @@ def decide_schema(
     prefix_text = P.render_prefix(engine.format, context, engine.context, engine.specials)
     decided = (_sequential if mode == "sequential" else _batch)(run, compiled, prefix_text)
     fields = {d.path: d for d in decided}
+    stats = getattr(engine, "stats", None)
+    if stats is not None:  # the same counters System One requests feed
+        stats.requests += 1
+        stats.questions += len(compiled.fields)
+        stats.input_tokens += run.input_tokens
+        stats.cached_tokens += run.cached_tokens
     return SchemaDecision(
         model=engine.served_name,
         mode=mode,
