@@ -180,7 +180,10 @@ class TorchBackend:
         dtype = self.decoder.dtype if hasattr(self.decoder, "dtype") else torch.float32
 
         def additive(window: int | None) -> torch.Tensor:
-            ok = allowed if window is None else allowed & (key_pos[None, :] > positions[:, None] - window)
+            if window is None:
+                ok = allowed
+            else:  # a key is visible while it is less than `window` positions back
+                ok = allowed & (key_pos[None, :] > positions[:, None] - window)
             mask = torch.zeros(ok.shape, dtype=dtype)
             mask.masked_fill_(~ok, torch.finfo(dtype).min)
             return mask[None, None].to(self.device)
