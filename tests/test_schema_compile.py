@@ -185,6 +185,18 @@ def test_refusals_of_the_whole_schema(schema, field):
     assert err.value.field == field
 
 
+def test_recursive_refs_and_deep_nesting_are_refused_not_crashed():
+    with pytest.raises(ContractError) as err:
+        compile_schema({"properties": {"a": {"$ref": "#"}}})
+    assert "recursive" in err.value.message and err.value.field.startswith("schema.properties.a")
+    deep: dict = {"enum": [1]}
+    for _ in range(200):
+        deep = {"properties": {"x": deep}}
+    with pytest.raises(ContractError) as err:
+        compile_schema(deep)
+    assert "nested" in err.value.message
+
+
 def test_validate_reports_values_outside_the_domain_and_missing_fields():
     compiled = compile_schema(obj(a={"enum": ["x", "y"]}, b=obj(c={"type": "boolean"})))
     assert compiled.validate({"a": "x", "b": {"c": False}}) == []

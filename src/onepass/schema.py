@@ -98,17 +98,22 @@ def _json_type(value: Any) -> str:
     return "object" if isinstance(value, dict) else type(value).__name__
 
 
-def _check_json(value: Any, where: str) -> None:
+MAX_DEPTH = 64
+
+
+def _check_json(value: Any, where: str, depth: int = 0) -> None:
+    if depth > MAX_DEPTH:
+        raise ContractError(where, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, float) and not math.isfinite(value):
         raise ContractError(where, "expected a finite number, got NaN or Infinity")
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ContractError(where, "expected an object with string keys")
-            _check_json(v, f"{where}.{k}")
+            _check_json(v, f"{where}.{k}", depth + 1)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _check_json(v, f"{where}[{i}]")
+            _check_json(v, f"{where}[{i}]", depth + 1)
     elif value is not None and not isinstance(value, (str, int, float, bool)):
         raise ContractError(where, f"expected a JSON value, got {type(value).__name__}")
 
@@ -470,6 +475,8 @@ def compile_schema(schema: Any) -> CompiledSchema:
     slots: list[tuple[tuple[str, ...], SchemaField | None]] = []
 
     def walk(node: dict[str, Any], keys: tuple[str, ...]) -> None:
+        if len(keys) > _MAX_REF_DEPTH:
+            raise _field_error(keys, "objects nested too deep (a recursive '$ref'?)")
         props = node.get("properties")
         if not isinstance(props, dict):
             message = "expected an object schema with 'properties' (an object of field schemas)"
@@ -790,7 +797,10 @@ def _trivial(f: SchemaField) -> FieldDecision:
 
 
 def _position(engine: DecisionEngine, f: SchemaField) -> Any:
-    return engine.position(f.qtype, f.question, f.option_names(), f.option_descriptions())
+    try:
+        return engine.position(f.qtype, f.question, f.option_names(), f.option_descriptions())
+    except P.LabelError as exc:  # more values than the tokenizer has single-token labels
+        raise _field_error(f.keys, f"{exc}; declare fewer values") from None
 
 
 def _sequential(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[FieldDecision]:
