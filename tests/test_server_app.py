@@ -477,3 +477,15 @@ def test_decisions_route_when_schema_module_is_present(client):
     bad = client.post("/v1/decisions", json={**body, "mode": "sideways"})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "mode"
     assert client.post("/v1/decisions", json={**body, "model": "nope"}).status_code == 404
+
+
+def test_draining_refuses_new_work_and_fails_readiness(engine):
+    app = create_app(engine, ServerSettings())
+    with TestClient(app) as c:
+        assert c.post("/v1/systemone", json=GOOD).status_code == 200
+        app.state.runtime.begin_drain("test")
+        r = c.post("/v1/systemone", json=GOOD)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "shutting_down"
+        assert int(r.headers["retry-after-ms"]) > 0
+        assert c.get("/health").json() == {"status": "draining"}
+        assert c.get("/health/live").status_code == 200

@@ -96,6 +96,20 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         raise SystemExit(f"onepass serve: {exc}") from None
 
 
+def warn_if_open(settings: Any) -> None:
+    """Auth off is fine on loopback; anywhere else it deserves a loud warning."""
+    if settings.api_key is not None:
+        log.info("auth on: /v1/* requires 'Authorization: Bearer <key>'")
+    elif settings.is_loopback:
+        log.info("auth off: any bearer token is accepted (loopback only)")
+    else:
+        log.warning(
+            "!!! SECURITY WARNING: listening on %s without --api-key: anyone who can reach "
+            "this address can use the model. Set ONEPASS_API_KEY or bind 127.0.0.1 !!!",
+            settings.host,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -110,16 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     logs.configure(settings.log_level)
-    if settings.api_key is None:
-        if settings.is_loopback:
-            log.info("auth off: any bearer token is accepted (loopback only)")
-        else:
-            log.warning(
-                "!!! SECURITY WARNING: listening on %s without --api-key: anyone who can reach "
-                "this address can use the model. Set ONEPASS_API_KEY or bind 127.0.0.1 !!!",
-                settings.host,
-            )
-
+    warn_if_open(settings)
     shown = {k: v for k, v in vars(settings).items() if k != "api_key"}
     shown["auth"] = settings.api_key is not None
     log.info("starting", extra={"fields": {"settings": shown, "model": args.model,
