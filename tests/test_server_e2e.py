@@ -82,8 +82,14 @@ class Server:
         return out
 
     def access(self, request_id: str) -> dict:
-        found = [r for r in self.logs() if r.get("request_id") == request_id
-                 and r.get("logger") == "onepass.access"]
+        """The access-log line of a request (written just after its response is sent)."""
+        deadline = time.monotonic() + 10
+        while True:
+            found = [r for r in self.logs() if r.get("request_id") == request_id
+                     and r.get("logger") == "onepass.access"]
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert len(found) == 1, found
         return found[0]
 
