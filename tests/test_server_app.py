@@ -489,3 +489,34 @@ def test_draining_refuses_new_work_and_fails_readiness(engine):
         assert int(r.headers["retry-after-ms"]) > 0
         assert c.get("/health").json() == {"status": "draining"}
         assert c.get("/health/live").status_code == 200
+
+
+def _asgi_post(app, receive, path="/v1/systemone"):
+    """Call the app directly with a hand-made receive (to play a slow or vanishing client)."""
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_trickled_body_times_out_with_408(engine, monkeypatch):
+    import onepass.server.app as server_app
+
+    monkeypatch.setattr(server_app, "BODY_READ_TIMEOUT", 0.2)
+    app = create_app(engine, ServerSettings())
+
+    async def receive():
+        await asyncio.sleep(0.5)
+        return {"type": "http.request", "body": b"{", "more_body": True}
+
+    sent = _asgi_post(app, receive)
+    assert sent[0]["status"] == 408
+    assert b"did not arrive within 0.2 s" in sent[1]["body"]

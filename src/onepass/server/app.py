@@ -59,6 +59,7 @@ access_log = logging.getLogger("onepass.access")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 MAX_JSON_DEPTH = 100
+BODY_READ_TIMEOUT = 30.0  # a client that trickles its body must not hold a connection forever
 _THREAD_PARSE_BYTES = 64 * 1024  # bigger bodies are decoded and parsed off the event loop
 _QUIET_ROUTES = ("/health", "/health/live", "/metrics")
 
@@ -428,11 +429,19 @@ async def read_json(request: Request, settings: ServerSettings) -> Any:
         )
     codings = parse_content_encoding(request.headers.get("content-encoding"))
     try:
-        raw = await read_limited(
-            request.stream(), settings.max_body_bytes, request.headers.get("content-length")
+        raw = await asyncio.wait_for(
+            read_limited(
+                request.stream(), settings.max_body_bytes, request.headers.get("content-length")
+            ),
+            BODY_READ_TIMEOUT,
         )
     except ClientDisconnect:
         raise ClientGone() from None
+    except asyncio.TimeoutError:
+        raise ApiError.of(
+            "request_timeout",
+            f"the request body did not arrive within {BODY_READ_TIMEOUT:g} s",
+        ) from None
 
     fields = _log_fields(request)
     fields["body_bytes"] = len(raw)
@@ -548,6 +557,9 @@ class RequestContextMiddleware:
 
         path = scope.get("path", "")
         api = path.startswith("/v1/")
+        for name, value in scope.get("headers", ()):
+            if name == b"x-typesafe-retry-count":  # the official client's retries: amplification
+                fields["client_retry"] = value.decode("latin-1")
         if api:
             self.rt.in_flight += 1
             self.rt.metrics.in_flight.inc()
@@ -701,8 +713,6 @@ def create_app(
         except ContractError as exc:
             raise from_contract(exc, raw) from None
         result = await _answer(request, lambda: engine.answer(parsed), raw)
-        rt.metrics.observe_answer(result, fields.get("queue_ms", 0) / 1000,
-                                  fields.get("compute_ms", 0) / 1000)
         return StrictJSONResponse(result)
 
     async def _answer(request: Request, work: Callable[[], Any], raw: Any,
@@ -720,6 +730,8 @@ def create_app(
         fields["input_tokens"] = usage.get("input_tokens")
         fields["cached_tokens"] = usage.get("cached_tokens")
         _check_finite(result)
+        rt.metrics.observe_answer(result, fields.get("queue_ms", 0) / 1000,
+                                  fields.get("compute_ms", 0) / 1000)
         return result
 
     if decide_request is not None:

@@ -32,6 +32,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "model_not_found": 404,
     "not_found": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "request_too_large": 413,
     "max_tokens_exceeded": 413,
     "too_many_questions": 413,
