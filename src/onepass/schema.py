@@ -59,6 +59,9 @@ MAX_OPEN_TOKENS = 512
 ESCAPE_KEY = "x-open"
 """Probability key of the escape candidate of an open field."""
 DEFAULT_ESCAPE_TEXT = "other"
+"""Option text of an open enum's escape (``"x-open": "<text>"`` overrides it)."""
+DEFAULT_FREE_TEXT = "write the answer"
+"""Option text of the only candidate of an open string field without an enum."""
 _MAX_REF_DEPTH = 32
 _UNSUPPORTED = ("allOf", "not", "if", "then", "else", "patternProperties")
 
@@ -420,6 +423,7 @@ def _leaf(node: dict[str, Any], root: Mapping[str, Any], keys: tuple[str, ...]) 
         kind = "score"
     elif is_open and (not types or set(types) <= {"string"}):
         values, kind = [], "open"
+        escape = open_flag if isinstance(open_flag, str) else DEFAULT_FREE_TEXT
     elif "string" in types:
         raise _field_error(
             keys, "a free string has no finite domain: give an 'enum', or declare the field "
@@ -636,6 +640,12 @@ def _next_turn(engine: DecisionEngine, suffix: str) -> str:
     return suffix[len(lead):]
 
 
+def record_lead(label: P.Label) -> str:
+    """Whitespace the model puts before its answer here (`` A`` after ``Answer:``): the
+    written-back value follows the same spacing, so it reads as the model's own reply."""
+    return label.spelling[: len(label.spelling) - len(label.spelling.lstrip())]
+
+
 def record_text(value: Any, specials: Sequence[str] = ()) -> str:
     """The value as written back into the prompt: JSON text, special tokens neutralised."""
     return P.neutralise(json.dumps(value, ensure_ascii=False, allow_nan=False), specials)
@@ -694,14 +704,15 @@ def read_json_string(body: str, max_length: int | None = None) -> str:
 
 
 def _generate_string(
-    engine: DecisionEngine, tokens: list[int], max_tokens: int, max_length: int | None
+    engine: DecisionEngine, tokens: list[int], lead: str, max_tokens: int,
+    max_length: int | None,
 ) -> tuple[str, int, int, int]:
-    """Open the record's string and generate until its closing quote or the bound.
+    """Open the record's string (after ``lead``) and generate to its closing quote or a bound.
 
     Returns ``(value, prompt tokens, cached prompt tokens, generated tokens)``.
     """
     backend = engine.backend
-    prompt = tokens + backend.encode('"', bos=False)
+    prompt = tokens + backend.encode(lead + '"', bos=False)
     if max_length is not None:
         max_tokens = min(max_tokens, max_length + 1)  # a token carries at least one character
 
@@ -771,10 +782,10 @@ class _Run:
         probs = restricted_softmax(logits, self.temperature)
         return probs, _choose(probs, self.rng)
 
-    def open_value(self, f: SchemaField, tokens: list[int]) -> str:
+    def open_value(self, f: SchemaField, tokens: list[int], lead: str) -> str:
         _check_length(self.engine, len(tokens) + 1)
         value, n, cached, out = _generate_string(
-            self.engine, tokens, self.max_open_tokens, f.max_length
+            self.engine, tokens, lead, self.max_open_tokens, f.max_length
         )
         self.input_tokens += n
         self.cached_tokens += cached
@@ -784,7 +795,8 @@ class _Run:
     def decision(self, f: SchemaField, position: Any, probs: list[float], index: int,
                  tokens: list[int], cached: int) -> FieldDecision:
         generated = f.open and index == len(f.values)
-        value = self.open_value(f, tokens) if generated else f.values[index]
+        lead = record_lead(position.labels[index])
+        value = self.open_value(f, tokens, lead) if generated else f.values[index]
         return FieldDecision(
             f.path, value, dict(zip(f.keys_text, probs, strict=True)), position.labels[index].text,
             cached, len(tokens), generated, tuple(tokens),
@@ -835,7 +847,8 @@ def _sequential(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[F
         decision = run.decision(f, position, probs, index, full, cached)
         out.append(decision)
         text, tokens = new_text, full
-        record = record_text(decision.value, engine.specials)
+        record = record_lead(position.labels[index]) + record_text(decision.value,
+                                                                   engine.specials)
     return out
 
 
