@@ -305,6 +305,15 @@ def test_concurrent_requests_about_one_state_share_the_prefix(client, engine):
     assert cached[0] < cached[1] == cached[3]
 
 
+def asgi_scope(path: str = "/v1/systemone") -> dict:
+    """An HTTP scope for calling the app directly (to play a slow or vanishing client)."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+            "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+
+
 def _occupy_worker(app):
     """Hold the single engine worker with a job until the returned event is set."""
     gate, started = threading.Event(), threading.Event()
@@ -357,12 +366,7 @@ def test_disconnected_client_costs_no_compute(engine):
         async def send(message):
             sent.append(message)
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": "POST", "scheme": "http", "path": "/v1/systemone", "raw_path":
-                 b"/v1/systemone", "query_string": b"", "root_path": "",
-                 "headers": [(b"content-type", b"application/json")],
-                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-        await app(scope, receive, send)
+        await app(asgi_scope(), receive, send)
 
     before = engine.stats.requests
     try:
@@ -492,18 +496,13 @@ def test_draining_refuses_new_work_and_fails_readiness(engine):
 
 
 def _asgi_post(app, receive, path="/v1/systemone"):
-    """Call the app directly with a hand-made receive (to play a slow or vanishing client)."""
+    """Call the app directly with a hand-made receive."""
     sent = []
 
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
-             "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-    asyncio.run(app(scope, receive, send))
+    asyncio.run(app(asgi_scope(path), receive, send))
     return sent
 
 
@@ -520,3 +519,39 @@ def test_trickled_body_times_out_with_408(engine, monkeypatch):
     sent = _asgi_post(app, receive)
     assert sent[0]["status"] == 408
     assert b"did not arrive within 0.2 s" in sent[1]["body"]
+
+
+def test_request_cut_by_the_drain_deadline_gets_503_and_is_counted(engine, caplog):
+    app = create_app(engine, ServerSettings())
+    rt = app.state.runtime
+    gate = _occupy_worker(app)
+    sent = []
+
+    async def call():
+        body = [{"type": "http.request", "body": js(GOOD), "more_body": False}]
+
+        async def receive():
+            if body:
+                return body.pop()
+            await asyncio.sleep(3600)  # the client stays connected
+
+        async def send(message):
+            sent.append(message)
+
+        task = asyncio.ensure_future(app(asgi_scope(), receive, send))
+        while rt.scheduler.depth == 0:  # queued behind the busy worker
+            await asyncio.sleep(0.01)
+        task.cancel()  # what uvicorn does when the drain deadline passes
+        await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        asyncio.run(call())
+    finally:
+        gate.set()
+    assert sent[0]["status"] == 503
+    assert b"shut down before this request was answered" in sent[1]["body"]
+    assert rt.abandoned == 1 and rt.scheduler.depth == 0  # dropped from the queue too
+    with caplog.at_level(logging.INFO, logger="onepass.server"):
+        rt.shutdown()
+    (done,) = [r for r in caplog.records if r.getMessage() == "shutdown complete"]
+    assert done.fields["abandoned"] == 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from typing import Any
 
@@ -158,7 +159,14 @@ def run(args: argparse.Namespace) -> int:
 
     runtime.on_load_failure = load_failed
     server.run()
-    return 1 if runtime.load_error else 0
+    code = 1 if runtime.load_error else 0
+    if runtime.scheduler.busy:
+        # A forward pass abandoned at the drain deadline is still running on a worker thread;
+        # interpreter teardown under a running torch op aborts the process, so leave now.
+        log.info("exiting with a forward pass still running", extra={"fields": {"code": code}})
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 def _draining_server(config: Any, runtime: Any) -> Any:

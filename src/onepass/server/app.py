@@ -13,6 +13,7 @@ engine on a worker thread → typed JSON response. Every response, errors includ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -98,8 +99,8 @@ class Runtime:
         self.startup_seconds: float | None = None
         self.release_date = "unknown"
         self.draining = False
-        self.in_flight = 0
-        self.abandoned = 0
+        self.in_flight_ids: set[str] = set()
+        self.abandoned_ids: set[str] = set()
         self.on_load_failure: Callable[[], None] | None = None
         self._load_thread: threading.Thread | None = None
         self.scheduler = Scheduler(
@@ -186,6 +187,14 @@ class Runtime:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def in_flight(self) -> int:
+        return len(self.in_flight_ids)
+
+    @property
+    def abandoned(self) -> int:
+        return len(self.abandoned_ids)
+
     def begin_drain(self, reason: str = "signal") -> None:
         if not self.draining:
             self.draining = True
@@ -198,10 +207,12 @@ class Runtime:
 
     def shutdown(self) -> None:
         dropped = self.scheduler.close()
+        # Requests still in flight now are abandoned too (their cancellation may not have
+        # been processed yet); a set, so none is counted twice.
+        abandoned = self.abandoned_ids | self.in_flight_ids
         log.info(
             "shutdown complete",
-            extra={"fields": {"abandoned": self.abandoned + dropped,
-                              "abandoned_requests": self.abandoned,
+            extra={"fields": {"abandoned": len(abandoned),
                               "dropped_queued": dropped,
                               "answered": self.scheduler.completed}},
         )
@@ -561,15 +572,25 @@ class RequestContextMiddleware:
             if name == b"x-typesafe-retry-count":  # the official client's retries: amplification
                 fields["client_retry"] = value.decode("latin-1")
         if api:
-            self.rt.in_flight += 1
+            self.rt.in_flight_ids.add(rid)
             self.rt.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_with_id)
         except asyncio.CancelledError:
-            status = status or 499
+            # Only uvicorn's shutdown cancels requests: the drain deadline has passed. Tell the
+            # client to retry elsewhere (503 + retry-after, which the official client retries)
+            # and end the task, instead of letting uvicorn answer a bare 500.
             fields["abandoned"] = True
-            self.rt.abandoned += 1
-            raise
+            self.rt.abandoned_ids.add(rid)
+            if not started:
+                error = ApiError.of(
+                    "shutting_down",
+                    "the server shut down before this request was answered; retry",
+                    headers=retry_headers(1.0),
+                )
+                with contextlib.suppress(Exception):
+                    await _error_response(error, rid)(scope, receive, send_with_id)
+            status = status or 499
         except ClientGone:
             status = status or 499
         except Exception:
@@ -584,7 +605,7 @@ class RequestContextMiddleware:
             status = 500
         finally:
             if api:
-                self.rt.in_flight -= 1
+                self.rt.in_flight_ids.discard(rid)
                 self.rt.metrics.in_flight.dec()
             seconds = time.perf_counter() - start
             route = getattr(scope.get("route"), "path", None) or "unmatched"
@@ -699,7 +720,7 @@ def create_app(
             parsed = parse_request(raw)
         except ContractError as exc:
             raise from_contract(exc, raw) from None
-        fields["model"] = parsed.model
+        fields["model"] = parsed.model or engine.served_name
         fields["questions"] = len(parsed.questions)
         if len(parsed.questions) > settings.max_questions:
             raise ApiError.of(
