@@ -21,8 +21,9 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from onepass.contract import SystemOneRequestModel  # noqa: E402
+from onepass.contract import SystemOneRequestModel, SystemOneResponseModel  # noqa: E402
 from onepass.server import ServerSettings, create_app  # noqa: E402
+from onepass.server.app import ModelList  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -225,9 +226,12 @@ def test_openapi_matches_what_is_accepted(client):
         assert status in op["responses"], status
     assert set(doc["paths"]) >= {"/v1/systemone", "/v1/models", "/health", "/health/live",
                                  "/metrics"}
-    # The example the schema publishes is answered.
+    # A request the schema describes is answered with the documented response shape.
     r = client.post("/v1/systemone", json={**GOOD, "model": "jev-latest"})
     assert r.status_code == 200
+    SystemOneResponseModel.model_validate(r.json())
+    assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/SystemOneResponseModel")
 
 
 def test_models_health_live(client, engine):
@@ -240,6 +244,8 @@ def test_models_health_live(client, engine):
     assert all(d["object"] == "model" and d["owned_by"] for d in body["data"])
     assert body["object"] == "list"
     assert all(isinstance(m["release_date"], str) and m["description"] for m in body["models"])
+    ModelList.model_validate(body)  # what the OpenAPI document says it returns
+    assert "ModelList" in client.get("/openapi.json").json()["components"]["schemas"]
     h = client.get("/health")
     assert h.status_code == 200 and h.json()["status"] == "ok"
     assert isinstance(h.json()["startup_seconds"], float)

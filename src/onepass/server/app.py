@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -77,6 +77,26 @@ class ErrorResponse(BaseModel):
 
     error: ErrorBody
     detail: list[dict[str, Any]] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: str = "model"
+    owned_by: str
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    description: str
+    release_date: str = Field(description="YYYY-MM-DD of the checkpoint, or 'unknown'")
+
+
+class ModelList(BaseModel):
+    """OpenAI-style ``data`` and the System One client's ``models``, same names in both."""
+
+    object: str = "list"
+    data: list[ModelCard]
+    models: list[ModelMetadata]
 
 
 class ClientGone(Exception):
@@ -775,6 +795,9 @@ def create_app(
             return StrictJSONResponse(result)
 
     @app.get("/v1/models", dependencies=auth, tags=["System One"],
+             response_class=StrictJSONResponse,
+             responses={200: {"model": ModelList}, 401: _ERROR_RESPONSES[401],
+                        403: _ERROR_RESPONSES[403], 503: _ERROR_RESPONSES[503]},
              summary="The served model and its aliases")
     async def models() -> Response:
         engine = rt.require_engine()
