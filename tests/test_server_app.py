@@ -513,9 +513,9 @@ def _asgi_post(app, receive, path="/v1/systemone"):
 
 
 def test_trickled_body_times_out_with_408(engine, monkeypatch):
-    import onepass.server.app as server_app
+    import onepass.server.body as server_body
 
-    monkeypatch.setattr(server_app, "BODY_READ_TIMEOUT", 0.2)
+    monkeypatch.setattr(server_body, "BODY_READ_TIMEOUT", 0.2)
     app = create_app(engine, ServerSettings())
 
     async def receive():

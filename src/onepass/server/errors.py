@@ -83,6 +83,10 @@ class ApiError(Exception):
         return out
 
 
+class ClientGone(Exception):
+    """The client disconnected: nothing more is sent (logged as status 499)."""
+
+
 def retry_headers(seconds: float) -> dict[str, str]:
     """``retry-after-ms`` (read first by the official client) and ``retry-after`` (seconds)."""
     ms = max(1, round(seconds * 1000))

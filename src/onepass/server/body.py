@@ -1,0 +1,161 @@
+"""Request body → JSON value: size cap, Content-Encoding decoding (capped while decoding),
+then strict JSON: no NaN/Infinity tokens, no duplicate keys, bounded nesting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import Request
+from starlette.requests import ClientDisconnect
+
+from onepass.server.context import log_fields
+from onepass.server.encoding import decode_body, parse_content_encoding, read_limited
+from onepass.server.errors import ApiError, ClientGone
+from onepass.server.settings import ServerSettings
+
+MAX_JSON_DEPTH = 100
+BODY_READ_TIMEOUT = 30.0  # a client that trickles its body must not hold a connection forever
+_THREAD_PARSE_BYTES = 64 * 1024  # bigger bodies are decoded and parsed off the event loop
+
+
+
+class _DupDict(dict):
+    duplicate: str = ""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ApiError.of(
+        "invalid_json",
+        f"invalid JSON: bare {name} is not JSON; send finite numbers "
+        "(the official client sends NaN/Infinity as the strings \"NaN\"/\"Infinity\")",
+    )
+
+
+def parse_json(data: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity tokens, no duplicate keys, nesting bounded.
+
+    Duplicate keys are refused (400, naming the object and the key) rather than resolved
+    last-wins: a client that sends two questions under one name would silently lose one.
+    """
+    if not data.strip():
+        raise ApiError.of("invalid_json", "the request body is empty; expected a JSON object")
+    found: list[_DupDict] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        duplicate = None
+        for key, value in items:
+            if key in obj and duplicate is None:
+                duplicate = key
+            obj[key] = value
+        if duplicate is None:
+            return obj
+        marked = _DupDict(obj)
+        marked.duplicate = duplicate
+        found.append(marked)
+        return marked
+
+    try:
+        value = json.loads(data, object_pairs_hook=pairs, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ApiError.of(
+            "invalid_json",
+            f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+        ) from None
+    except UnicodeDecodeError:
+        raise ApiError.of("invalid_json", "invalid JSON: the body is not UTF-8 text") from None
+    except RecursionError:
+        raise _too_deep() from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise _too_deep()
+    if found:
+        path = _path_to(value, found[0]) or "body"
+        raise ApiError.of(
+            "duplicate_key",
+            f"{path}: the key {found[0].duplicate!r} appears more than once in this object; "
+            "each key may appear once (a repeated question name would silently replace the "
+            "first question)",
+            field=path,
+        )
+    return value
+
+
+def _too_deep() -> ApiError:
+    return ApiError.of(
+        "invalid_json", f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels"
+    )
+
+
+def _depth(value: Any) -> int:
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, d)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        stack.extend((c, d + 1) for c in children)
+    return deepest
+
+
+def _path_to(root: Any, target: Any) -> str | None:
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
+    return None
+
+
+async def read_json(request: Request, settings: ServerSettings) -> Any:
+    """The decoded, parsed body of an API request (all client faults are 4xx)."""
+    content_type = request.headers.get("content-type", "").lower()
+    if content_type.startswith("multipart/"):
+        raise ApiError.of(
+            "unsupported_asset",
+            "multipart bodies carry image assets, which need a vision-language model; this "
+            "server serves text-only models: send application/json without images",
+            field="content-type",
+        )
+    codings = parse_content_encoding(request.headers.get("content-encoding"))
+    try:
+        raw = await asyncio.wait_for(
+            read_limited(
+                request.stream(), settings.max_body_bytes, request.headers.get("content-length")
+            ),
+            BODY_READ_TIMEOUT,
+        )
+    except ClientDisconnect:
+        raise ClientGone() from None
+    except asyncio.TimeoutError:
+        raise ApiError.of(
+            "request_timeout",
+            f"the request body did not arrive within {BODY_READ_TIMEOUT:g} s",
+        ) from None
+
+    fields = log_fields(request)
+    fields["body_bytes"] = len(raw)
+    if codings:
+        fields["encoding"] = ",".join(codings)
+
+    def decode_and_parse() -> Any:
+        data = decode_body(raw, codings, settings.max_body_bytes)
+        if codings:
+            fields["decoded_bytes"] = len(data)
+        return parse_json(data)
+
+    if len(raw) > _THREAD_PARSE_BYTES or codings:
+        return await asyncio.to_thread(decode_and_parse)
+    return decode_and_parse()

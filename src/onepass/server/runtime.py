@@ -1,0 +1,257 @@
+"""What the routes share: settings, the engine once loaded (in the background), the bounded
+queue in front of it, metrics, and the bookkeeping of a graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+
+from onepass.server.context import log_fields
+from onepass.server.errors import ApiError, ClientGone, retry_headers
+from onepass.server.metrics import Metrics
+from onepass.server.scheduler import Cancelled, Closed, Job, Overloaded, Scheduler
+from onepass.server.settings import ServerSettings
+
+log = logging.getLogger("onepass.server")
+
+
+
+class Runtime:
+    """What the routes share: settings, the engine once loaded, the queue, the metrics."""
+
+    def __init__(self, source: Any, settings: ServerSettings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.created = time.monotonic()
+        self.engine: Any = None
+        self.loader: Callable[[], Any] | None = None
+        self.load_error: str | None = None
+        self.startup_seconds: float | None = None
+        self.release_date = "unknown"
+        self.draining = False
+        self.in_flight_ids: set[str] = set()
+        self.abandoned_ids: set[str] = set()
+        self.on_load_failure: Callable[[], None] | None = None
+        self._load_thread: threading.Thread | None = None
+        self.scheduler = Scheduler(
+            max_queue=settings.max_queue,
+            deadline=settings.request_deadline,
+            workers=settings.workers,
+            cache_stats=self._cache_stats,
+        )
+        self.metrics.bind(
+            queue_depth=lambda: self.scheduler.depth,
+            busy=lambda: self.scheduler.busy,
+            ready=lambda: 1.0 if self.ready else 0.0,
+            cache_stats=self._cache_stats,
+        )
+        if hasattr(source, "answer"):
+            self._set_engine(source)
+        elif callable(source):
+            self.loader = source
+        else:
+            raise TypeError("create_app needs a DecisionEngine or a function that builds one")
+
+    # ------------------------------------------------------------------ model
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and not self.draining
+
+    def _cache_stats(self) -> Any:
+        backend = getattr(self.engine, "backend", None)
+        stats = getattr(backend, "cache_stats", None)
+        return stats() if stats else None
+
+    def _set_engine(self, engine: Any) -> None:
+        self.release_date = _release_date(engine)
+        self.startup_seconds = round(time.monotonic() - self.created, 3)
+        self.engine = engine
+        self.metrics.startup.set(self.startup_seconds)
+        self.scheduler.start()
+        log.info(
+            "model ready",
+            extra={"fields": {"model": engine.served_name,
+                              "startup_seconds": self.startup_seconds}},
+        )
+
+    def start_loading(self) -> None:
+        """Load the model on a background thread: the server listens (and /health/live
+        answers) while it loads."""
+        if self.loader is None or self._load_thread is not None:
+            return
+
+        def load() -> None:
+            try:
+                engine = self.loader()
+            except BaseException as exc:  # reported on /health and in the log
+                self.load_error = f"{exc.__class__.__name__}: {exc}"
+                log.error("model failed to load", exc_info=True,
+                          extra={"fields": {"error": self.load_error}})
+                if self.on_load_failure:
+                    self.on_load_failure()
+                return
+            self._set_engine(engine)
+
+        self._load_thread = threading.Thread(target=load, name="onepass-load", daemon=True)
+        self._load_thread.start()
+
+    def require_engine(self) -> Any:
+        if self.draining:
+            self.metrics.shed.labels("shutting_down").inc()
+            raise ApiError.of(
+                "shutting_down", "the server is shutting down; retry on another instance",
+                headers=retry_headers(1.0),
+            )
+        if self.engine is None:
+            self.metrics.shed.labels("loading").inc()
+            if self.load_error:
+                raise ApiError.of("model_loading", f"the model failed to load: {self.load_error}")
+            raise ApiError.of(
+                "model_loading",
+                f"the model is still loading ({time.monotonic() - self.created:.0f} s so far); "
+                "retry shortly",
+                headers=retry_headers(2.0),
+            )
+        return self.engine
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.in_flight_ids)
+
+    @property
+    def abandoned(self) -> int:
+        return len(self.abandoned_ids)
+
+    def begin_drain(self, reason: str = "signal") -> None:
+        if not self.draining:
+            self.draining = True
+            log.info(
+                "draining: refusing new requests, letting in-flight ones finish",
+                extra={"fields": {"reason": reason, "in_flight": self.in_flight,
+                                  "queued": self.scheduler.depth,
+                                  "drain_seconds": self.settings.drain_seconds}},
+            )
+
+    def shutdown(self) -> None:
+        dropped = self.scheduler.close()
+        # Requests still in flight now are abandoned too (their cancellation may not have
+        # been processed yet); a set, so none is counted twice.
+        abandoned = self.abandoned_ids | self.in_flight_ids
+        log.info(
+            "shutdown complete",
+            extra={"fields": {"abandoned": len(abandoned),
+                              "dropped_queued": dropped,
+                              "answered": self.scheduler.completed}},
+        )
+
+    # ------------------------------------------------------------------ running work
+
+    async def run(self, request: Request, work: Callable[[], Any]) -> Any:
+        """Queue ``work``, wait for it, and give up (cheaply) if the client disconnects."""
+        try:
+            job = self.scheduler.submit(work)
+        except Overloaded as exc:
+            self.metrics.shed.labels(exc.reason).inc()
+            raise ApiError.of(
+                "overloaded", exc.message, headers=retry_headers(exc.retry_after)
+            ) from None
+        except Closed:
+            self.metrics.shed.labels("shutting_down").inc()
+            raise ApiError.of("shutting_down", "the server is shutting down",
+                              headers=retry_headers(1.0)) from None
+        info = log_fields(request)
+        future = asyncio.wrap_future(job.future)
+        future.add_done_callback(_consume)
+        gone = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            try:
+                # Wait until the deadline for the job to start; once it runs, until it ends.
+                done, _ = await asyncio.wait(
+                    {future, gone}, timeout=max(0.0, job.deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done and self.scheduler.cancel(job):
+                    self.metrics.shed.labels("deadline").inc()
+                    wait = self.scheduler.expected_wait()
+                    raise ApiError.of(
+                        "overloaded",
+                        f"the request waited {job.queue_seconds:.1f} s without reaching the "
+                        f"engine (request deadline {self.settings.request_deadline:g} s); the "
+                        "server is saturated, retry later",
+                        headers=retry_headers(self.scheduler.retry_after(wait)),
+                    )
+                if not done:
+                    done, _ = await asyncio.wait(
+                        {future, gone}, return_when=asyncio.FIRST_COMPLETED
+                    )
+            except asyncio.CancelledError:  # shutdown past the drain deadline
+                self.scheduler.cancel(job)
+                raise
+            if future not in done:
+                dropped = self.scheduler.cancel(job)
+                if dropped:
+                    self.metrics.shed.labels("disconnected").inc()
+                info["disconnected"] = "before_start" if dropped else "while_computing"
+                raise ClientGone()
+            try:
+                result = future.result()
+            except Overloaded as exc:
+                self.metrics.shed.labels(exc.reason).inc()
+                raise ApiError.of(
+                    "overloaded", exc.message, headers=retry_headers(exc.retry_after)
+                ) from None
+            except Cancelled:
+                raise ClientGone() from None
+            except Closed:
+                raise ApiError.of("shutting_down", "the server is shutting down",
+                                  headers=retry_headers(1.0)) from None
+        finally:
+            gone.cancel()
+            _timing(info, job)
+        return result
+
+
+def _consume(future: asyncio.Future) -> None:
+    """Mark a dropped job's outcome as seen (no "exception was never retrieved" noise)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _timing(info: dict[str, Any], job: Job) -> None:
+    info["queue_ms"] = round(job.queue_seconds * 1000, 1)
+    info["compute_ms"] = round(job.compute_seconds * 1000, 1)
+    if job.cache:
+        info["cache"] = job.cache
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _release_date(engine: Any) -> str:
+    """The checkpoint's date (YYYY-MM-DD) when it can be found, else "unknown"."""
+    model = getattr(getattr(engine, "backend", None), "model", None)
+    path = getattr(model, "name_or_path", None) or getattr(
+        getattr(model, "config", None), "_name_or_path", None
+    )
+    try:
+        if path and Path(path).exists():
+            return date.fromtimestamp(Path(path).stat().st_mtime).isoformat()
+    except OSError:
+        pass
+    return "unknown"
