@@ -112,9 +112,9 @@ class TorchBackend:
             path, dtype=torch_dtype, attn_implementation=attn
         ).to(dev)
         if adapter is not None:
-            from peft import PeftModel
+            from onepass.adapters import apply_adapter
 
-            model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+            model = apply_adapter(model, adapter)
         return cls(
             model, tokenizer, name=name, cache_entries=cache_entries, cache_tokens=cache_tokens
         )

@@ -1,0 +1,56 @@
+"""Merge a LoRA adapter (from `onepass train --method lora|qlora`) into its base model and
+write a complete checkpoint directory (model.safetensors, config.json, tokenizer files) that
+`onepass serve --model DIR` serves directly, with no adapter step at load.
+
+  onepass merge --model smollm2-135m-instruct --adapter out/lora --output-directory out/merged
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "merge a LoRA adapter into its base and write a servable checkpoint"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="base model: embedded alias (default: "
+                        "smollm2-135m-instruct), .gguf, checkpoint directory or hub id")
+    parser.add_argument("--adapter", required=True, help="adapter directory")
+    parser.add_argument("--output-directory", required=True, help="where to write")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the written weights (default float32)")
+
+
+def merge(model: str | None, adapter: str, output_directory: str, dtype: str = "float32") -> None:
+    """Load the base, merge the adapter, save the merged checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from onepass.adapters import apply_adapter
+    from onepass.models import check_family, resolve
+    from onepass.train.artifacts import write_checkpoint
+
+    resolved = resolve(model)
+    check_family(resolved.path / "config.json")
+    base = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+    merged = apply_adapter(base, adapter)
+    merged = merged.to(getattr(torch, dtype))
+    write_checkpoint(output_directory, merged, tokenizer)
+
+
+def run(args: argparse.Namespace) -> int:
+    from onepass.commands.train import prefer_passive_openmp
+
+    prefer_passive_openmp()
+    from onepass.adapters import AdapterError
+    from onepass.models import ModelError
+
+    try:
+        merge(args.model, args.adapter, args.output_directory, args.dtype)
+    except (AdapterError, ModelError) as exc:
+        print(f"onepass merge: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output_directory}", file=sys.stderr)
+    return 0

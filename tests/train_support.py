@@ -1,0 +1,143 @@
+"""Helpers for the trainer tests: a tiny random-weight base checkpoint and tiny datasets.
+
+Random weights prove plumbing (layouts, determinism, merge arithmetic), never learning; the
+learning proof is tests/test_train_learning.py on the real embedded model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RECORDS = [
+    {"state": f"Order {i}: the parcel {'arrived broken' if i % 2 else 'is late'}; the customer "
+              f"{'wants a refund' if i % 3 else 'asks for news'}.",
+     "questions": {
+         "refund": {"type": "noul", "instructions": "The customer wants money back.",
+                    "answer": "yes" if i % 3 else "no"},
+         "team": {"type": "choice", "instructions": "Which team?",
+                  "criteria": {"billing": "payments", "logistics": "shipping", "support": None},
+                  "answer": ["billing", "logistics", "support"][i % 3]},
+         "urgency": {"type": "score", "instructions": "How urgent?",
+                     "criteria": ["low", "medium", "high"], "answer": ["low", "high"][i % 2]},
+     }}
+    for i in range(8)
+]
+
+REQUEST = {"state": RECORDS[1]["state"], "questions": {
+    name: {k: v for k, v in q.items() if k != "answer"}
+    for name, q in RECORDS[1]["questions"].items()}}
+
+
+def write_dataset(path: Path, records: list[dict[str, Any]] = RECORDS) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def tiny_base(directory: Path, family: str = "llama") -> Path:
+    """A 2-layer random model with the real SmolLM2 tokenizer, saved as a checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from onepass.models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve().path)
+    torch.manual_seed(0)
+    config = CONFIG_MAPPING[family](
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def answers_probs(response: dict[str, Any]) -> list[float]:
+    out: list[float] = []
+    for answer in response["answers"].values():
+        if answer["type"] == "noul":
+            out.append(answer["noul"])
+        else:
+            out.extend(answer["probabilities"].values())
+    return out
+
+
+def single_thread():
+    """Run a test module's torch work on one thread, then restore the setting.
+
+    On a 2-core machine shared with other jobs, two OpenMP threads that spin while waiting
+    can be ~10x slower than one (measured: a tiny LoRA run 153 s vs 12 s); one thread is the
+    predictable choice for tests.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def serving(args: list[str], log_path: Path, timeout: float = 240) -> Iterator[str]:
+    """``onepass serve ARGS`` on a free loopback port; yields its base URL once /health is 200.
+
+    One OpenMP thread that sleeps when idle, so the server does not fight the test process
+    for the two cores.
+    """
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "OMP_WAIT_POLICY": "PASSIVE"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onepass.cli", "serve", *args, "--host", "127.0.0.1",
+             "--port", str(port)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited:\n{log_path.read_text()[-3000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server not ready:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.25)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def post_decision(url: str, request: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    import httpx
+
+    response = httpx.post(url + "/v1/systemone", json=request, timeout=timeout,
+                          headers={"Authorization": "Bearer any-key"})
+    assert response.status_code == 200, response.text
+    return response.json()
