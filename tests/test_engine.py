@@ -180,3 +180,21 @@ def test_concurrent_requests_from_threads_give_the_same_answers(engine):
         parallel = list(pool.map(lambda r: engine.answer(r)["answers"], requests * 2))
     for got, want in zip(parallel, serial * 2):
         assert_same(got, want)
+
+
+def test_packing_groups_bound_each_forward():
+    from onepass.backends.torch import packing_groups
+
+    assert packing_groups([10, 10, 10], 100) == [[0, 1, 2]]
+    assert packing_groups([60, 50, 40, 10], 100) == [[0], [1, 2, 3]]
+    assert packing_groups([150, 10], 100) == [[0], [1]]
+
+
+def test_split_packing_reads_the_same_numbers(engine):
+    budget = engine.backend.max_packed_tokens
+    try:
+        engine.backend.max_packed_tokens = 64  # forces several forwards for this request
+        split = engine.answer(MIXED)
+    finally:
+        engine.backend.max_packed_tokens = budget
+    assert_same(split["answers"], engine.answer(MIXED)["answers"])

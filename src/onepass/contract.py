@@ -227,8 +227,10 @@ def parse_request(raw: Any) -> DecisionRequest:
     if not isinstance(raw, dict):
         raise ContractError("body", f"expected a JSON object, got {_describe(raw)}")
     model = raw.get("model")
-    if model is not None and (not isinstance(model, str) or not model.strip()):
+    if model is not None and not isinstance(model, str):
         raise ContractError("model", f"expected a non-empty string, got {_describe(model)}")
+    if isinstance(model, str) and not model.strip():
+        raise ContractError("model", "expected a non-empty string, got an empty string")
     if "state" in raw:
         state = raw["state"]
     elif "document" in raw:  # hosted Jev accepts `document` as another name for `state`

@@ -157,7 +157,7 @@ class DecisionEngine:
         """The label's token id right after the prompt tail, if it is exactly one token."""
         if label in self._label_memo:
             return self._label_memo[label]
-        probe = "Answer." + self.format.tail
+        probe = "Answer." + self.format.tail + self.style.lead
         base = self.backend.encode(probe, bos=False)
         found = None
         # after whitespace (a chat header's newline) the bare label is natural; after text
@@ -186,7 +186,7 @@ class DecisionEngine:
                 qtype, instructions, options, descriptions, [lb.text for lb in labels],
                 self.specials, self.style,
             )
-            suffix = P.render_suffix(self.format, block)
+            suffix = P.render_suffix(self.format, block, self.style)
             base = self.backend.encode(suffix, bos=False)
             bad = {
                 lb.token_id

@@ -174,11 +174,13 @@ class Style:
     ``noul_words``: a noul is read from the ``Yes``/``No`` tokens instead of ``A``/``B``.
     ``score_digits``: score levels are labelled ``0``…``9`` instead of ``A``, ``B``, ….
     ``option_names``: a choice option shows its name before its description.
+    ``lead``: text that opens the answer turn, after the chat header (e.g. ``Answer:``).
     """
 
     noul_words: bool = False
     score_digits: bool = False
     option_names: bool = True
+    lead: str = ""
 
 
 DEFAULT_STYLE = Style()
@@ -261,6 +263,6 @@ def render_prefix(
     )
 
 
-def render_suffix(fmt: ChatFormat, question_block: str) -> str:
+def render_suffix(fmt: ChatFormat, question_block: str, style: Style = DEFAULT_STYLE) -> str:
     """The question and the chat tail; the prompt ends where the label goes."""
-    return "\n\n" + question_block + fmt.tail
+    return "\n\n" + question_block + fmt.tail + style.lead

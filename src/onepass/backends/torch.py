@@ -66,6 +66,7 @@ class TorchBackend:
         name: str,
         cache_entries: int = 16,
         cache_tokens: int = 32768,
+        max_packed_tokens: int = 4096,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -86,6 +87,9 @@ class TorchBackend:
         probe = tokenizer("a", add_special_tokens=True)["input_ids"]
         bos = tokenizer.bos_token_id
         self.bos_id = bos if bos is not None and probe and probe[0] == bos else None
+        self.max_packed_tokens = max_packed_tokens
+        # sdpa takes a boolean mask (1 byte per entry); eager needs an additive float one
+        self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
@@ -167,7 +171,7 @@ class TorchBackend:
         return kv, cached_len
 
     def _packed_mask(self, prefix_len: int, lengths: Sequence[int]) -> tuple[Any, torch.Tensor]:
-        """Additive masks (per layer type) for suffixes packed after a shared prefix."""
+        """Masks (per layer type) for suffixes packed after a shared prefix, and positions."""
         block = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
         offsets = torch.cat([torch.arange(n) for n in lengths])
         positions = prefix_len + offsets
@@ -179,22 +183,24 @@ class TorchBackend:
         key_pos = torch.cat([torch.arange(prefix_len), positions])
         dtype = self.decoder.dtype if hasattr(self.decoder, "dtype") else torch.float32
 
-        def additive(window: int | None) -> torch.Tensor:
+        def build(window: int | None) -> torch.Tensor:
             if window is None:
                 ok = allowed
             else:  # a key is visible while it is less than `window` positions back
                 ok = allowed & (key_pos[None, :] > positions[:, None] - window)
+            if self._bool_mask:
+                return ok[None, None].to(self.device)
             mask = torch.zeros(ok.shape, dtype=dtype)
             mask.masked_fill_(~ok, torch.finfo(dtype).min)
             return mask[None, None].to(self.device)
 
         if self.layer_types:
             masks = {
-                kind: additive(self.window if kind == "sliding_attention" else None)
+                kind: build(self.window if kind == "sliding_attention" else None)
                 for kind in set(self.layer_types)
             }
             return masks, positions
-        return additive(self.window), positions
+        return build(self.window), positions
 
     def _candidate_logits(
         self, hidden: torch.Tensor, candidates: Sequence[Sequence[int]]
@@ -242,14 +248,16 @@ class TorchBackend:
             return ScoreResult([], 0)
         if any(len(s) == 0 for s in suffixes):
             raise ValueError("every suffix needs at least one token")
+        logits: list[list[float]] = []
         with self._lock:
             kv, cached = self._prefix_kv(prefix)
-            lengths = [len(s) for s in suffixes]
-            mask, positions = self._packed_mask(len(prefix), lengths)
-            packed = [t for s in suffixes for t in s]
-            hidden, _ = self._forward(packed, positions, kv, mask)
-            ends = torch.tensor(lengths).cumsum(0) - 1
-            logits = self._candidate_logits(hidden[ends.to(hidden.device)], candidates)
+            for group in packing_groups([len(s) for s in suffixes], self.max_packed_tokens):
+                lengths = [len(suffixes[i]) for i in group]
+                mask, positions = self._packed_mask(len(prefix), lengths)
+                packed = [t for i in group for t in suffixes[i]]
+                hidden, _ = self._forward(packed, positions, kv, mask)
+                ends = (torch.tensor(lengths).cumsum(0) - 1).to(hidden.device)
+                logits += self._candidate_logits(hidden[ends], [candidates[i] for i in group])
         return ScoreResult(logits, cached)
 
     @torch.inference_mode()
@@ -321,6 +329,24 @@ class TorchBackend:
                 )
                 last = step.last_hidden_state[0, -1]
         return out, logits, cached
+
+
+def packing_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive groups of suffix indices whose packed length stays within ``budget``.
+
+    Usually one group: every suffix in one forward. A huge request is split so the mask and
+    activations stay bounded; a single suffix longer than the budget forms its own group.
+    """
+    groups: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(lengths):
+        if groups and total + n <= budget:
+            groups[-1].append(i)
+            total += n
+        else:
+            groups.append([i])
+            total = n
+    return groups
 
 
 def _added_special(tokenizer: Any) -> set[str]:
