@@ -16,6 +16,7 @@ import math
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
@@ -85,7 +86,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100, help="CLINC150 examples per set")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--output", type=Path, default=None, help="write results as JSON")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's); 1 is steadier when busy")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     base = DecisionEngine.from_pretrained(args.model)
     hand = [json.loads(x) for x in (HERE / "data" / "handwritten.jsonl").read_text().splitlines()]
@@ -96,10 +101,10 @@ def main() -> None:
     }
     chat = base.format
     formats = {
-        "letters, chat template": dict(style=P.Style(), chat_format=chat),
+        "letters, chat template (shipped)": dict(style=P.Style(), chat_format=chat),
         "Yes/No words for noul": dict(style=P.Style(noul_words=True), chat_format=chat),
-        "words + score digits": dict(
-            style=P.Style(noul_words=True, score_digits=True), chat_format=chat),
+        "digits for score levels": dict(style=P.Style(score_digits=True), chat_format=chat),
+        "'Answer:' opens the reply": dict(style=P.Style(lead="Answer:"), chat_format=chat),
         "letters, no option names": dict(style=P.Style(option_names=False), chat_format=chat),
         "letters, plain (no chat)": dict(style=P.Style(), chat_format=P.PLAIN_FORMAT),
     }
