@@ -114,3 +114,7 @@ def test_schedule_warms_up_then_decays_to_zero():
     assert values[3] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(values[3:], values[4:]))
     assert values[10] == 0.0
+    cosine = schedule(warmup=0, total=10, kind="cosine")
+    assert cosine(0) == pytest.approx(1.0) and cosine(5) == pytest.approx(0.5)
+    assert cosine(10) == pytest.approx(0.0)
+    assert schedule(warmup=2, total=10, kind="constant")(9) == 1.0

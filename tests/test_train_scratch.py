@@ -96,3 +96,21 @@ def test_every_family_trains_and_serves_from_its_directory(family, tmp_path):
     engine = DecisionEngine.from_pretrained(str(out))
     answer = engine.answer(REQUEST)["answers"]["team"]
     assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
+
+
+def test_a_bare_tokenizer_json_gives_a_plain_prompt_checkpoint(tmp_path):
+    from onepass.engine import DecisionEngine
+    from onepass.models import resolve
+    from onepass.prompt import PLAIN_FORMAT
+    from onepass.train.loop import train
+
+    flags = {("run", "method"): "from-scratch", ("run", "output_directory"): str(tmp_path / "o"),
+             ("dataset", "path"): str(write_dataset(tmp_path / "d.jsonl", RECORDS[:2])),
+             ("run", "epochs"): 1, ("run", "batch_size"): 6,
+             ("tokenizer", "file"): str(resolve().path / "tokenizer.json")}
+    flags.update({("model", k): v for k, v in GEOMETRY.items()})
+    train(resolve_config(flags), show_progress=False)
+    engine = DecisionEngine.from_pretrained(str(tmp_path / "o"))
+    assert engine.format == PLAIN_FORMAT  # no chat template came with the file
+    assert engine.answer(REQUEST)["answers"]["team"]["choice"] in {"billing", "logistics",
+                                                                    "support"}

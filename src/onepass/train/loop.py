@@ -171,27 +171,41 @@ def trainable_tensors(module: Any) -> dict[str, torch.Tensor]:
     return {n: p for n, p in module.named_parameters() if p.requires_grad}
 
 
-def schedule(warmup: int, total: int) -> Callable[[int], float]:
-    """Linear warm-up to the peak learning rate, then linear decay to zero at ``total``."""
+def schedule(warmup: int, total: int, kind: str = "linear") -> Callable[[int], float]:
+    """Linear warm-up to the peak learning rate, then ``kind``: linear or cosine decay to zero
+    at ``total``, or constant."""
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
             return (step + 1) / (warmup + 1)
-        return max(0.0, (total - step) / max(1, total - warmup))
+        if kind == "constant":
+            return 1.0
+        left = max(0.0, (total - step) / max(1, total - warmup))
+        if kind == "cosine":
+            return 0.5 * (1.0 - math.cos(math.pi * left))
+        return left
 
     return factor
 
 
 def make_optimizer(module: Any, config: TrainConfig, total_steps: int) -> tuple[Any, Any]:
-    params = [p for p in module.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    rest = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": config.run.weight_decay}]
-    if rest:
-        groups.append({"params": rest, "weight_decay": 0.0})
-    optimizer = torch.optim.AdamW(groups, lr=config.run.learning_rate)
+    """AdamW: weight decay on matrices only; LoRA B matrices at ``lora_b_learning_rate_ratio``
+    times the learning rate (LoRA+), which makes the few-hundred-example runs converge."""
+    run = config.run
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    b_lr = run.learning_rate * run.lora_b_learning_rate_ratio
+    groups = []
+    for is_b in (False, True):
+        for decay in (True, False):
+            params = [p for n, p in named
+                      if (".lora_B." in n) == is_b and (p.ndim >= 2) == decay]
+            if params:
+                groups.append({"params": params,
+                               "weight_decay": run.weight_decay if decay else 0.0,
+                               "lr": b_lr if is_b else run.learning_rate})
+    optimizer = torch.optim.AdamW(groups, lr=run.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, schedule(config.run.warmup_steps, total_steps)
+        optimizer, schedule(run.warmup_steps, total_steps, run.lr_schedule)
     )
     return optimizer, scheduler
 

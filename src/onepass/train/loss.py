@@ -79,15 +79,16 @@ def decision_logits(model: Any, batch: Batch) -> torch.Tensor:
     head = model.get_output_embeddings()
     hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state
     rows = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last]  # [B, H]
-    weight = head.weight[batch.candidates]  # [B, K, H]
-    logits = torch.einsum("bkh,bh->bk", weight.float(), rows.float())
-    bias = getattr(head, "bias", None)
-    if bias is not None:
-        logits = logits + bias[batch.candidates].float()
-    cap = final_softcap(model)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits.masked_fill(~batch.candidate_mask, float("-inf"))
+    with torch.autocast(hidden.device.type, enabled=False):  # the readout in float32
+        weight = head.weight[batch.candidates]  # [B, K, H]
+        logits = torch.einsum("bkh,bh->bk", weight.float(), rows.float())
+        bias = getattr(head, "bias", None)
+        if bias is not None:
+            logits = logits + bias[batch.candidates].float()
+        cap = final_softcap(model)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.masked_fill(~batch.candidate_mask, float("-inf"))
 
 
 def restricted_cross_entropy(
