@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--output-directory", default=str(ROOT / "runs" / "clinc_lora"),
                    help="default runs/clinc_lora (git-ignored: it holds data-derived files)")
-    p.add_argument("--train", type=int, default=300, help="training records (default 300)")
+    p.add_argument("--train", type=int, default=500, help="training records (default 500)")
     p.add_argument("--validation", type=int, default=50, help="validation records (default 50)")
     p.add_argument("--test", type=int, default=200, help="held-out test records (default 200)")
     p.add_argument("--no-descriptions", action="store_true",
@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--lr-schedule", default="constant", choices=["linear", "cosine", "constant"])
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--lora-layers", type=int, default=8,
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         ("run", "epochs"): args.epochs, ("run", "batch_size"): args.batch_size,
         ("run", "learning_rate"): args.learning_rate, ("run", "lora_rank"): args.lora_rank,
         ("run", "lora_alpha"): args.lora_alpha, ("run", "lora_layers"): args.lora_layers,
-        ("run", "warmup_steps"): 5, ("run", "seed"): args.seed,
+        ("run", "warmup_steps"): 10, ("run", "seed"): args.seed,
+        ("run", "lr_schedule"): args.lr_schedule,
     })
     result = train(config, console=console, show_progress=console.is_terminal)
     with console.status("loading base + adapter…"):
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['task']}; {args.train} train / {args.validation} validation / {args.test} "
         f"held-out test records; LoRA rank {args.lora_rank}, alpha {args.lora_alpha}, last "
         f"{args.lora_layers or 'all'} layers, {len(result.history)} epochs (best "
-        f"{result.best_epoch}), lr {args.learning_rate}, batch {args.batch_size}; training "
+        f"{result.best_epoch}), lr {args.learning_rate} ({args.lr_schedule}, LoRA+ B ratio 16), "
+        f"batch {args.batch_size}; training "
         f"{result.seconds:.0f} s on this machine.", "",
         "| model | accuracy | Brier | ECE |", "|---|---|---|---|",
         f"| zero-shot | {zero['accuracy']:.3f} | {zero['brier']:.3f} | {zero['ece']:.3f} |",

@@ -117,7 +117,10 @@ def load_base(config: TrainConfig) -> tuple[Any, Any, str, str]:
     if run.method == "from-scratch":
         source = config.tokenizer.file or str(resolve(run.model).path)
         tokenizer = scratch.load_tokenizer(source)
-        model = scratch.build_model(config.model, config.initialization, tokenizer, run.seed)
+        try:
+            model = scratch.build_model(config.model, config.initialization, tokenizer, run.seed)
+        except ValueError as exc:  # a geometry that cannot be built: a configuration error
+            raise ConfigError(f"[model] {exc}") from None
         return model, tokenizer, config.model.architecture, "from-scratch"
     resolved = resolve(run.model)
     family = check_family(resolved.path / "config.json")
