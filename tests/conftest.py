@@ -25,3 +25,11 @@ def data_dir() -> Path:
     if not DATA.exists():
         pytest.skip(f"shared datasets not found at {DATA}")
     return DATA
+
+
+@pytest.fixture(scope="session")
+def clinc_lora(data_dir, tmp_path_factory):
+    """A LoRA adapter trained once per session on CLINC150 domain routing (~3 minutes)."""
+    from train_support import train_clinc_lora
+
+    return train_clinc_lora(data_dir, tmp_path_factory.mktemp("clinc-lora"))

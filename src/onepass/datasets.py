@@ -71,9 +71,11 @@ def _clinc(data_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def clinc150_domain_routing(
-    data_dir: Path, split: str = "test", limit: int | None = None, seed: int = 0
+    data_dir: Path, split: str = "test", limit: int | None = None, seed: int = 0,
+    describe: bool = True,
 ) -> list[dict[str, Any]]:
-    """10-way domain routing as a choice with one-line domain descriptions."""
+    """10-way domain routing as a choice with one-line domain descriptions (``describe``) or
+    the domain names alone (half the prompt)."""
     if split not in ("train", "val", "test"):
         raise ValueError(f"split: expected train, val or test, got {split!r}")
     data, intent_domain = _clinc(data_dir)
@@ -85,7 +87,8 @@ def clinc150_domain_routing(
                 "domain": {
                     "type": "choice",
                     "instructions": DOMAIN_QUESTION,
-                    "criteria": dict(CLINC_DOMAIN_DESCRIPTIONS),
+                    "criteria": dict(CLINC_DOMAIN_DESCRIPTIONS) if describe
+                    else dict.fromkeys(CLINC_DOMAIN_DESCRIPTIONS),
                     "answer": domain,
                 }
             },
@@ -143,6 +146,20 @@ def banking77_intents(
         }
         for text, category in _stratified(rows, limit, seed)
     ]
+
+
+def probe_requests(data_dir: Path, handwritten: Path | None = None) -> list[dict[str, Any]]:
+    """A fixed set of 100 real requests (answers stripped) for comparing two models' decisions:
+    the hand-written mixed noul/choice/score cases when given (36), then CLINC150 test records
+    up to 100, half domain routing (options by name), half in-scope."""
+    records: list[dict[str, Any]] = []
+    if handwritten is not None:
+        records += [json.loads(line) for line in Path(handwritten).read_text().splitlines()
+                    if line.strip()]
+    records += clinc150_domain_routing(data_dir, "test", (100 - len(records)) // 2, seed=1,
+                                       describe=False)
+    records += clinc150_in_scope(data_dir, "test", 100 - len(records), seed=1)
+    return [strip_answers(record)[0] for record in records]
 
 
 def strip_answers(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
