@@ -134,34 +134,37 @@ def test_full_writes_a_servable_checkpoint(base, dataset, tmp_path):
 
 
 def test_quantized_linear_round_trip():
-    from onepass.train.quantize import QuantizedLinear
+    from onepass.quant.formats import codec_for
+    from onepass.quant.linear import QuantizedLinear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(100, 24, bias=True)  # 100 is not a multiple of the block
     x = torch.randn(3, 100)
-    for bits, block in ((8, 64), (4, 32)):
-        q = QuantizedLinear(linear, bits, block)
+    for name, block in (("int8", None), ("int4", 32)):
+        q = QuantizedLinear.from_linear(linear, codec_for(name, block))
         error = (q.dequantize() - linear.weight).abs()
-        if bits == 8:
+        if name == "int8":
             assert q.qweight.dtype == torch.int8 and q.qweight.shape == (24, 100)
             assert torch.all(error <= q.scale / 2 + 1e-7)
         else:
             assert q.qweight.dtype == torch.uint8 and q.qweight.shape == (24, 64)  # packed
             assert error.max() <= q.scale.max() / 2 + 1e-7
         assert torch.allclose(q(x), x @ q.dequantize().T + linear.bias, atol=1e-5)
-        assert (q(x) - linear(x)).abs().max() < (0.05 if bits == 8 else 0.3)
+        assert (q(x) - linear(x)).abs().max() < (0.05 if name == "int8" else 0.3)
 
 
 def test_qlora_trains_adapters_over_a_quantized_base(base, dataset, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from onepass.quant.linear import QuantizedLinear
     from onepass.train.loop import prepare_method
-    from onepass.train.quantize import QuantizedLinear
 
-    config = resolve_config({("run", "method"): "qlora", ("run", "quantization"): "int8"})
-    module = prepare_method(AutoModelForCausalLM.from_pretrained(base), config)
-    quantized = [m for m in module.modules() if isinstance(m, QuantizedLinear)]
-    assert len(quantized) == 14  # every projection of both layers
+    for scheme in ("int8", "fp8", "fp4"):
+        config = resolve_config({("run", "method"): "qlora", ("run", "quantization"): scheme})
+        module = prepare_method(AutoModelForCausalLM.from_pretrained(base), config)
+        quantized = [m for m in module.modules() if isinstance(m, QuantizedLinear)]
+        assert len(quantized) == 14  # every projection of both layers
+        assert {m.codec.name for m in quantized} == {"mxfp4" if scheme == "fp4" else scheme}
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_" in n for n in trainable)
 

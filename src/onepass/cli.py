@@ -19,6 +19,7 @@ COMMANDS = {
     "train": "onepass.commands.train",
     "eval": "onepass.commands.eval",
     "merge": "onepass.commands.merge",
+    "quantize": "onepass.commands.quantize",
 }
 
 

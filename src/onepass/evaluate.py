@@ -154,6 +154,30 @@ def summarize(predictions: Sequence[Prediction]) -> dict[str, Any]:
     return out
 
 
+def answer_distribution(answer: dict[str, Any]) -> tuple[float, ...]:
+    """A served answer's distribution in a fixed order (noul: yes, no; else the options')."""
+    if answer["type"] == "noul":
+        return (float(answer["noul"]), 1.0 - float(answer["noul"]))
+    return tuple(float(p) for p in answer["probabilities"].values())
+
+
+def compare_answers(
+    reference: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """How closely ``candidate`` responses follow ``reference`` ones (same requests), question
+    by question: how often the most probable answer agrees, and the total-variation distance
+    (half the L1 distance) between the two distributions."""
+    agree, distances = 0, []
+    for ref, cand in zip(reference, candidate, strict=True):
+        for name, answer in ref["answers"].items():
+            p, q = answer_distribution(answer), answer_distribution(cand["answers"][name])
+            agree += argmax_first(p) == argmax_first(q)
+            distances.append(0.5 * sum(abs(a - b) for a, b in zip(p, q, strict=True)))
+    n = len(distances)
+    return {"questions": n, "agreement": agree / n if n else None,
+            "mean_tv": sum(distances) / n if n else None, "max_tv": max(distances, default=None)}
+
+
 # --------------------------------------------------------------------------- running
 
 

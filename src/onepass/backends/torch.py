@@ -27,6 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from onepass.backends.base import ScoreResult
 from onepass.cache import CacheStats, PrefixCache
 from onepass.models import check_family
+from onepass.quant.artifact import QuantizeError, load_quantized, read_quantization
+from onepass.quant.linear import weight_bytes
 
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
@@ -91,6 +93,8 @@ class TorchBackend:
         # sdpa takes a boolean mask (1 byte per entry); eager needs an additive float one
         self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
         self._lock = threading.Lock()
+        self.quantization: str | None = None
+        self.weight_bytes = weight_bytes(model)
 
     # ------------------------------------------------------------------ loading
 
@@ -112,16 +116,28 @@ class TorchBackend:
         # Gemma 2 caps attention logits, which only the eager kernel implements.
         attn = "eager" if family == "gemma2" else "sdpa"
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, attn_implementation=attn
-        ).to(dev)
+        quantization = read_quantization(path)
+        if quantization is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch_dtype, attn_implementation=attn
+            )
+        elif adapter is not None:
+            raise QuantizeError(
+                f"{path} is quantized ({quantization['scheme']}): an adapter cannot be merged "
+                "into quantized weights; quantize with it instead (onepass quantize --adapter)"
+            )
+        else:
+            model = load_quantized(path, quantization, dtype=torch_dtype, attn=attn)
+        model = model.to(dev)
         if adapter is not None:
             from onepass.adapters import apply_adapter
 
             model = apply_adapter(model, adapter)
-        return cls(
+        backend = cls(
             model, tokenizer, name=name, cache_entries=cache_entries, cache_tokens=cache_tokens
         )
+        backend.quantization = quantization["scheme"] if quantization else None
+        return backend
 
     # ------------------------------------------------------------------ tokenizer
 
@@ -164,23 +180,32 @@ class TorchBackend:
         if not prefix:
             return None, 0
         cached_len, kv = self.cache.longest_prefix(prefix)
+        return self._extend(prefix, cached_len, kv), cached_len
+
+    def _extend(self, prefix: Sequence[int], cached_len: int, kv: KV | None) -> KV | None:
+        """Compute the uncached rest of ``prefix`` on top of ``kv`` and cache the whole."""
         if cached_len < len(prefix):
             positions = torch.arange(cached_len, len(prefix))
             _, kv = self._forward(prefix[cached_len:], positions, kv)
             self.cache.put(prefix, kv)
-        return kv, cached_len
+        return kv
 
-    def _packed_mask(self, prefix_len: int, lengths: Sequence[int]) -> tuple[Any, torch.Tensor]:
-        """Masks (per layer type) for suffixes packed after a shared prefix, and positions."""
+    def _packed_mask(
+        self, prefix_len: int, lengths: Sequence[int], fresh: int = 0
+    ) -> tuple[Any, torch.Tensor]:
+        """Masks (per layer type) and positions for one packed forward: the last ``fresh``
+        prefix tokens (not cached yet; causal among themselves) followed by the suffixes, each
+        seeing the whole prefix and itself only."""
         block = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
         offsets = torch.cat([torch.arange(n) for n in lengths])
-        positions = prefix_len + offsets
-        same_block = block[:, None] == block[None, :]
-        causal = offsets[None, :] <= offsets[:, None]
-        allowed = torch.cat(
-            [torch.ones(len(block), prefix_len, dtype=torch.bool), same_block & causal], dim=1
+        past = prefix_len - fresh
+        positions = torch.cat([torch.arange(past, prefix_len), prefix_len + offsets])
+        owner = torch.cat([torch.full((fresh,), -1), block])  # -1: a prefix token
+        visible = ((owner[None, :] == -1) | (owner[None, :] == owner[:, None])) & (
+            positions[None, :] <= positions[:, None]
         )
-        key_pos = torch.cat([torch.arange(prefix_len), positions])
+        allowed = torch.cat([torch.ones(len(owner), past, dtype=torch.bool), visible], dim=1)
+        key_pos = torch.cat([torch.arange(past), positions])
         dtype = self.decoder.dtype if hasattr(self.decoder, "dtype") else torch.float32
 
         def build(window: int | None) -> torch.Tensor:
@@ -250,14 +275,26 @@ class TorchBackend:
             raise ValueError("every suffix needs at least one token")
         logits: list[list[float]] = []
         with self._lock:
-            kv, cached = self._prefix_kv(prefix)
-            for group in packing_groups([len(s) for s in suffixes], self.max_packed_tokens):
+            groups = packing_groups([len(s) for s in suffixes], self.max_packed_tokens)
+            cached, kv = self.cache.longest_prefix(prefix) if prefix else (0, None)
+            fresh = list(prefix[cached:])
+            first = sum(len(suffixes[i]) for i in groups[0])
+            if len(fresh) + first > self.max_packed_tokens:  # a long prefix: its own forward
+                kv, fresh = self._extend(prefix, cached, kv), []
+            for group in groups:
+                # On a miss the uncached prefix rides in the first packed forward (one pass
+                # over the weights instead of two); its key/values are cached from there.
                 lengths = [len(suffixes[i]) for i in group]
-                mask, positions = self._packed_mask(len(prefix), lengths)
-                packed = [t for i in group for t in suffixes[i]]
-                hidden, _ = self._forward(packed, positions, kv, mask)
-                ends = (torch.tensor(lengths).cumsum(0) - 1).to(hidden.device)
+                mask, positions = self._packed_mask(len(prefix), lengths, len(fresh))
+                packed = fresh + [t for i in group for t in suffixes[i]]
+                hidden, out_kv = self._forward(packed, positions, kv, mask)
+                if fresh:
+                    kv = tuple((k[:, :, : len(prefix)].clone(), v[:, :, : len(prefix)].clone())
+                               for k, v in out_kv)
+                    self.cache.put(prefix, kv)
+                ends = (len(fresh) + torch.tensor(lengths).cumsum(0) - 1).to(hidden.device)
                 logits += self._candidate_logits(hidden[ends], [candidates[i] for i in group])
+                fresh = []
         return ScoreResult(logits, cached)
 
     @torch.inference_mode()

@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
     with console.status("loading model…"):
         engine = engine_from_args(args)
+    weights = getattr(engine.backend, "weight_bytes", None)
+    if weights is not None:
+        scheme = getattr(engine.backend, "quantization", None)
+        console.print(f"model {engine.served_name}: {weights / 2**20:.1f} MiB of weights resident"
+                      + (f" ({scheme})" if scheme else ""))
     out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     errors = tokens = cached = 0
     start = time.perf_counter()

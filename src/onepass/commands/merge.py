@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 HELP = "merge a LoRA adapter into its base and write a servable checkpoint"
 
@@ -22,22 +23,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype of the written weights (default float32)")
 
 
-def merge(model: str | None, adapter: str, output_directory: str, dtype: str = "float32") -> None:
-    """Load the base, merge the adapter, save the merged checkpoint."""
+def load_merged(model: str | None, adapter: str | None) -> tuple[Any, Any, Any]:
+    """The base in float32 with ``adapter`` merged (when given): (model, tokenizer, resolved)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from onepass.adapters import apply_adapter
     from onepass.models import check_family, resolve
-    from onepass.train.artifacts import write_checkpoint
 
     resolved = resolve(model)
     check_family(resolved.path / "config.json")
     base = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-    merged = apply_adapter(base, adapter)
-    merged = merged.to(getattr(torch, dtype))
-    write_checkpoint(output_directory, merged, tokenizer)
+    if adapter is not None:
+        base = apply_adapter(base, adapter)
+    return base, tokenizer, resolved
+
+
+def merge(model: str | None, adapter: str, output_directory: str, dtype: str = "float32") -> None:
+    """Load the base, merge the adapter, save the merged checkpoint."""
+    import torch
+
+    from onepass.train.artifacts import write_checkpoint
+
+    merged, tokenizer, _ = load_merged(model, adapter)
+    write_checkpoint(output_directory, merged.to(getattr(torch, dtype)), tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """Train a model on the decision position the server reads (restricted cross-entropy over the
 candidate labels at the last prompt position), rendered by the engine's own prompt code.
 
-Methods: lora (peft adapters over a frozen base), qlora (adapters over an int4/int8 base
+Methods: lora (peft adapters over a frozen base), qlora (adapters over an int4/int8/fp8/fp4 base
 dequantized per layer on the fly), full (every parameter), from-scratch (random init over an
 explicit geometry and a tokenizer, deterministic from --seed).
 

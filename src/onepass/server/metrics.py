@@ -103,6 +103,11 @@ class Metrics:
         self.startup = Gauge(
             "onepass_startup_seconds", "Seconds from start to the model being ready.", registry=r
         )
+        self.weight_bytes = Gauge(
+            "onepass_model_weight_bytes",
+            "Bytes of model weights resident in memory (quantized layers count their codes).",
+            registry=r,
+        )
 
     def bind(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -76,11 +77,18 @@ class Runtime:
         self.startup_seconds = round(time.monotonic() - self.created, 3)
         self.engine = engine
         self.metrics.startup.set(self.startup_seconds)
+        backend = getattr(engine, "backend", None)
+        weights = getattr(backend, "weight_bytes", None)
+        if weights is not None:
+            self.metrics.weight_bytes.set(weights)
         self.scheduler.start()
         log.info(
             "model ready",
             extra={"fields": {"model": engine.served_name,
-                              "startup_seconds": self.startup_seconds}},
+                              "startup_seconds": self.startup_seconds,
+                              "quantization": getattr(backend, "quantization", None),
+                              "weight_bytes": weights,
+                              "resident_bytes": resident_bytes()}},
         )
 
     def start_loading(self) -> None:
@@ -255,3 +263,12 @@ def _release_date(engine: Any) -> str:
     except OSError:
         pass
     return "unknown"
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -7,7 +7,8 @@ assignment, so the position it optimises is byte-for-byte the position served. M
 * ``config``    one dataclass per TOML section; precedence flag > TOML > default, per key
 * ``loss``      restricted cross-entropy over the candidate labels at the last position
 * ``lora``      peft adapters and their export to ``adapter.safetensors``
-* ``quantize``  int8 / int4 frozen base weights, dequantized per layer in the forward (qlora)
+* (qlora holds its frozen base in :mod:`onepass.quant`: int4, int8, fp8 or fp4, dequantized
+  per layer in the forward)
 * ``scratch``   deterministic random init over an explicit geometry (from-scratch)
 * ``artifacts`` what each method writes
 * ``loop``      the loop: AdamW, warmup, clipping, accumulation, early stopping, resume

@@ -92,7 +92,7 @@ class RunConfig:
     lora_layers: int = _f(0, "adapt only the last N decoder layers (0: all); fewer layers "
                           "means a shorter backward pass", type=int, minimum=0)
     quantization: str = _f("int4", "qlora: how the frozen base is held in memory", type=str,
-                           choices=("int4", "int8"))
+                           choices=("int4", "int8", "fp8", "fp4"))
     quantization_block_size: int = _f(64, "qlora int4: weights per scale", type=int, minimum=8)
     checkpoint_steps: int = _f(0, "also checkpoint every N optimizer steps (0: at epoch ends "
                                "only)", type=int, minimum=0)

@@ -6,7 +6,7 @@ One run:
 2. load the base (or build a from-scratch model) in float32 master weights;
 3. render every question with the engine's own prompt and labels (``DecisionEngine`` over the
    model being trained), and tokenize it exactly as the whole served prompt tokenizes;
-4. apply the method: LoRA adapters (lora), int8/int4 base + LoRA (qlora), or every parameter
+4. apply the method: LoRA adapters (lora), int4/int8/fp8/fp4 base + LoRA (qlora), or every parameter
    (full, from-scratch);
 5. AdamW with linear warm-up then linear decay, gradient clipping, gradient accumulation,
    bfloat16 autocast on GPUs that support it; a progress bar with loss and throughput;
@@ -148,10 +148,11 @@ def prepare_method(model: Any, config: TrainConfig) -> Any:
 
         model.requires_grad_(False)
         if run.method == "qlora":
-            from onepass.train.quantize import quantize_decoder
+            from onepass.quant.formats import codec_for
+            from onepass.quant.linear import quantize_linears
 
-            bits = 8 if run.quantization == "int8" else 4
-            quantize_decoder(model, bits, run.quantization_block_size)
+            block = run.quantization_block_size if run.quantization == "int4" else None
+            quantize_linears(model, codec_for(run.quantization, block))
         return apply_lora(
             model,
             rank=run.lora_rank,

@@ -41,7 +41,7 @@ def apply_lora(
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from onepass.train.quantize import QuantizedLinear
+    from onepass.quant.linear import QuantizedLinear
 
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     layers = None
