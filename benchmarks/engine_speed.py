@@ -5,7 +5,9 @@
 * a prefix-cache hit relative to a miss (16 questions);
 * the speed-up over the naive way: every question as its own full forward;
 * the alternative fast path we did not ship: suffixes as a right-padded batch over the prefix
-  cache expanded along the batch (runtime-notes), measured for the record.
+  cache expanded along the batch (runtime-notes), measured for the record;
+* on a miss, the prefix merged into the first packed forward vs given its own forward, for a
+  short and a long state (what the backend's ``merge_pairs`` rule decides between).
 
     .venv/bin/python benchmarks/engine_speed.py [--repeats 3]
 """
@@ -132,6 +134,34 @@ def main() -> None:
     print(f"padded batch over expanded prefix cache (not shipped): {t_padded * 1000:.0f} ms vs "
           f"packed {t_miss * 1000:.0f} ms -> packed is {t_padded / t_miss:.2f}x faster; "
           f"max logit difference {diff:.1e}")
+
+    merge_ab(engine, args.repeats)
+
+
+def merge_ab(engine, repeats: int) -> None:
+    """A miss with the prefix merged into the first packed forward vs in its own forward."""
+    backend = engine.backend
+    shipped = backend.merge_pairs
+    for label, state in (("short", "when's the gas bill due?"), ("long", STATE)):
+        text = P.render_prefix(engine.format, state, None, engine.specials)
+        for n in (1, 4, 16):
+            positions = [engine.position(*q) for q in questions(n)]
+            prefix, suffixes = engine.tokenize(text, [p.suffix for p in positions])
+            pairs = len(prefix) * sum(len(s) for s in suffixes)
+            times = {}
+            for name, budget in (("merged", 1 << 40), ("separate", 0)):
+                backend.merge_pairs = budget
+
+                def cold(positions=positions, text=text):
+                    backend.cache.clear()
+                    engine.score_positions(text, positions)
+
+                times[name] = timed(cold, repeats)
+            backend.merge_pairs = shipped
+            pick = "merged" if pairs <= shipped else "separate"
+            print(f"miss, {label} state, {n:2d} questions ({pairs} prefix x suffix pairs): merged "
+                  f"{times['merged'] * 1000:.0f} ms vs separate {times['separate'] * 1000:.0f} "
+                  f"ms -> {times['merged'] / times['separate']:.2f}x; shipped rule: {pick}")
 
 
 if __name__ == "__main__":

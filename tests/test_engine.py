@@ -200,21 +200,22 @@ def test_split_packing_reads_the_same_numbers(engine):
     assert_same(split["answers"], engine.answer(MIXED)["answers"])
 
 
-@pytest.mark.parametrize("budget", [4096, 64])
-def test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix(engine, budget):
-    """On a miss the uncached prefix rides in the first packed forward (budget 4096), or gets
-    its own forward when prefix + suffixes exceed the budget (64); both read the naive numbers
-    and leave exactly the prefix in the cache."""
-    request = {**MIXED, "state": f"{MIXED['state']} (a state no other test uses: {budget})"}
-    saved = engine.backend.max_packed_tokens
+@pytest.mark.parametrize("budget,pairs", [(4096, 1 << 40), (64, 1 << 40), (4096, 0)])
+def test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix(engine, budget, pairs):
+    """On a miss the uncached prefix rides in the first packed forward, or gets its own
+    forward when prefix + suffixes exceed the packing budget (64) or the merge would waste too
+    much attention (pairs 0); all read the naive numbers and leave the prefix in the cache."""
+    request = {**MIXED, "state": f"{MIXED['state']} (a state no other test uses: {budget} "
+                                 f"{pairs})"}
+    saved = engine.backend.max_packed_tokens, engine.backend.merge_pairs
     try:
-        engine.backend.max_packed_tokens = budget
+        engine.backend.max_packed_tokens, engine.backend.merge_pairs = budget, pairs
         before = engine.backend.cache_stats()
         miss = engine.answer(request)
         after = engine.backend.cache_stats()
         hit = engine.answer(request)
     finally:
-        engine.backend.max_packed_tokens = saved
+        engine.backend.max_packed_tokens, engine.backend.merge_pairs = saved
     assert after.misses + after.partial_hits == before.misses + before.partial_hits + 1
     assert miss["usage"]["cached_tokens"] < hit["usage"]["cached_tokens"]
     assert_same(miss["answers"], engine.answer(request, naive=True)["answers"])

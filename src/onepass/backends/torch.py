@@ -31,6 +31,7 @@ from onepass.quant.artifact import QuantizeError, load_quantized, read_quantizat
 from onepass.quant.linear import weight_bytes
 
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+MERGE_PAIRS = 32768
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -90,6 +91,11 @@ class TorchBackend:
         bos = tokenizer.bos_token_id
         self.bos_id = bos if bos is not None and probe and probe[0] == bos else None
         self.max_packed_tokens = max_packed_tokens
+        # On a miss the uncached prefix joins the first packed forward (one weight pass
+        # instead of two) while the attention that wastes, prefix rows x suffix keys, stays
+        # under this many pairs: past ~32k pairs it cost more than the pass it saved
+        # (benchmarks/engine_speed.py, CPU). Quantized weights make a pass ~4x dearer.
+        self.merge_pairs = MERGE_PAIRS
         # sdpa takes a boolean mask (1 byte per entry); eager needs an additive float one
         self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
         self._lock = threading.Lock()
@@ -136,7 +142,9 @@ class TorchBackend:
         backend = cls(
             model, tokenizer, name=name, cache_entries=cache_entries, cache_tokens=cache_tokens
         )
-        backend.quantization = quantization["scheme"] if quantization else None
+        if quantization:
+            backend.quantization = quantization["scheme"]
+            backend.merge_pairs = 4 * MERGE_PAIRS
         return backend
 
     # ------------------------------------------------------------------ tokenizer
@@ -279,7 +287,8 @@ class TorchBackend:
             cached, kv = self.cache.longest_prefix(prefix) if prefix else (0, None)
             fresh = list(prefix[cached:])
             first = sum(len(suffixes[i]) for i in groups[0])
-            if len(fresh) + first > self.max_packed_tokens:  # a long prefix: its own forward
+            too_big = len(fresh) + first > self.max_packed_tokens
+            if too_big or len(fresh) * first > self.merge_pairs:  # the prefix's own forward
                 kv, fresh = self._extend(prefix, cached, kv), []
             for group in groups:
                 # On a miss the uncached prefix rides in the first packed forward (one pass
