@@ -42,6 +42,7 @@ BOUNDS = {  # scheme: (minimum argmax agreement, maximum mean total-variation di
 }
 CONFIDENT = 0.1  # top-2 margin of the float answer above which agreement must be high
 CONFIDENT_AGREEMENT = {"fp8": 0.95, "fp4": 0.85}
+COMMON_LAYERS = 4  # tiny_model's depth
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +87,6 @@ def test_artifact_loads_back_into_the_model_it_encodes(scheme, family, tokenizer
         got = probs(fast["answers"][name])
         assert got == pytest.approx(probs(want["answers"][name]), abs=1e-5), name
         assert got == pytest.approx(probs(naive["answers"][name]), abs=1e-4), name
-
-
-COMMON_LAYERS = 4  # tiny_model's depth
 
 
 def test_fp8_and_fp4_tensor_layout(tokenizer, tmp_path):
@@ -163,6 +161,15 @@ def test_what_cannot_be_quantized_or_served_is_refused(tmp_path, capsys):
     assert main(["quantize", "--model", str(base), "--adapter", str(tmp_path / "other"),
                  "--quantization", "fp4", "--output-directory", str(tmp_path / "out")]) == 2
     assert "a different base model?" in capsys.readouterr().err
+
+    from safetensors.torch import load_file, save_file
+
+    quantize(str(base), None, "fp4", tmp_path / "fp4")
+    weights = load_file(str(tmp_path / "fp4" / "model.safetensors"))
+    del weights["model.layers.0.mlp.up_proj.weight_shape"]
+    save_file(weights, str(tmp_path / "fp4" / "model.safetensors"))
+    with pytest.raises(QuantizeError, match=r"needs .*up_proj.weight_shape.*does not match"):
+        TorchBackend.load(tmp_path / "fp4", name="x", device="cpu")
 
     (tmp_path / "fp8" / QUANT_CONFIG).write_text('{"scheme": "fp6"}')
     with pytest.raises(QuantizeError, match=re.escape(QUANT_CONFIG) + ".*'scheme' must be"):

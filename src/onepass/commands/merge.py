@@ -23,30 +23,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype of the written weights (default float32)")
 
 
-def load_merged(model: str | None, adapter: str | None) -> tuple[Any, Any, Any]:
-    """The base in float32 with ``adapter`` merged (when given): (model, tokenizer, resolved)."""
+def load_merged(resolved: Any, adapter: str | None) -> tuple[Any, Any]:
+    """The resolved base in float32 with ``adapter`` merged (when given), and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from onepass.adapters import apply_adapter
-    from onepass.models import check_family, resolve
+    from onepass.models import check_family
 
-    resolved = resolve(model)
     check_family(resolved.path / "config.json")
     base = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
     if adapter is not None:
         base = apply_adapter(base, adapter)
-    return base, tokenizer, resolved
+    return base, tokenizer
 
 
 def merge(model: str | None, adapter: str, output_directory: str, dtype: str = "float32") -> None:
     """Load the base, merge the adapter, save the merged checkpoint."""
     import torch
 
+    from onepass.models import resolve
     from onepass.train.artifacts import write_checkpoint
 
-    merged, tokenizer, _ = load_merged(model, adapter)
+    merged, tokenizer = load_merged(resolve(model), adapter)
     write_checkpoint(output_directory, merged.to(getattr(torch, dtype)), tokenizer)
 
 

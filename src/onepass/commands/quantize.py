@@ -49,19 +49,18 @@ def quantize(
         FORMAT,
         QUANT_CONFIG,
         QuantizeError,
-        copy_metadata,
         refuse_quantized_input,
         write_quantized,
     )
     from onepass.quant.linear import decoder_linears
     from onepass.train.artifacts import write_checkpoint
 
-    source = resolve(model).path
+    resolved = resolve(model)
     out = Path(output_directory)
-    if out.resolve() == source.resolve():
+    if out.resolve() == resolved.path.resolve():
         raise QuantizeError(f"--output-directory {out} is the input checkpoint: choose another")
-    refuse_quantized_input(source)
-    merged, tokenizer, resolved = load_merged(model, adapter)
+    refuse_quantized_input(resolved.path)
+    merged, tokenizer = load_merged(resolved, adapter)
     provenance = {"base": resolved.source, "adapter": str(adapter) if adapter else None,
                   "prompt_version": PROMPT_VERSION, "onepass_version": __version__}
     torch_dtype = getattr(torch, dtype)
@@ -79,7 +78,6 @@ def quantize(
         config = write_quantized(merged, tokenizer, out, scheme, dtype=torch_dtype,
                                  provenance=provenance,
                                  progress=lambda: progress.advance(task))
-    copy_metadata(source, out)
     return config
 
 

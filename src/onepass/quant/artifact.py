@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,6 @@ QUANT_CONFIG = "quantization_config.json"
 WEIGHTS = "model.safetensors"
 FORMAT = "onepass-quantized"
 SCHEMES = ("none", "fp8", "fp4")
-METADATA_FILES = ("config.json", "generation_config.json")
 
 
 class QuantizeError(ValueError):
@@ -149,13 +147,6 @@ def write_quantized(
     return config
 
 
-def copy_metadata(source: str | Path, directory: str | Path) -> None:
-    """Copy config and generation config that ``save_pretrained`` may not have written."""
-    for name in METADATA_FILES:
-        if (Path(source) / name).is_file() and not (Path(directory) / name).is_file():
-            shutil.copy2(Path(source) / name, Path(directory) / name)
-
-
 def load_quantized(
     path: str | Path, config: dict[str, Any], *, dtype: torch.dtype, attn: str
 ) -> Any:
@@ -174,9 +165,10 @@ def load_quantized(
     tensors = load_file(str(path / WEIGHTS))
     for name, linear in decoder_linears(model):
         key = f"{name}.weight"
-        if key not in tensors or f"{key}_scale" not in tensors:
-            raise QuantizeError(f"{path / WEIGHTS}: no quantized {key} (+ {key}_scale): the "
-                                "file does not match its config.json")
+        needed = [key, f"{key}_scale"] + ([] if isinstance(codec, Fp8Codec) else [f"{key}_shape"])
+        if any(k not in tensors for k in needed):
+            raise QuantizeError(f"{path / WEIGHTS}: no quantized {key} (needs "
+                                f"{', '.join(needed)}): the file does not match its config.json")
         stored, scale = tensors.pop(key), tensors.pop(f"{key}_scale")
         shape = (linear.out_features, linear.in_features)
         if isinstance(codec, Fp8Codec):

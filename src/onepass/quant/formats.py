@@ -100,6 +100,12 @@ def _check_matrix(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().float()
 
 
+def _row_scales(weight: torch.Tensor, largest: float) -> torch.Tensor:
+    """One scale per output row mapping its absmax onto ``largest`` (1 for all-zero rows)."""
+    scale = weight.abs().amax(dim=1) / largest
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
 def _blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
     """``[out, in]`` -> ``[out, ceil(in / block), block]``, zero-padded."""
     padded = F.pad(weight, (0, (-weight.shape[1]) % block))
@@ -111,7 +117,6 @@ class Codec:
     """Turns a float weight into named tensors and back; subclasses define one format."""
 
     name: ClassVar[str]
-    bits_per_weight: ClassVar[float]
 
     def encode(self, weight: torch.Tensor) -> Tensors:
         raise NotImplementedError
@@ -132,12 +137,10 @@ class Fp8Codec(Codec):
     """float8 E4M3 values, one float32 scale per output channel."""
 
     name: ClassVar[str] = "fp8"
-    bits_per_weight: ClassVar[float] = 8.0
 
     def encode(self, weight: torch.Tensor) -> Tensors:
         weight = _check_matrix(weight)
-        scale = weight.abs().amax(dim=1) / E4M3_MAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        scale = _row_scales(weight, E4M3_MAX)
         return {"qweight": encode_e4m3(weight / scale[:, None]), "scale": scale}
 
     def decode(self, tensors: Tensors, in_features: int, dtype: torch.dtype) -> torch.Tensor:
@@ -166,7 +169,6 @@ class Mxfp4Codec(Codec):
     """
 
     name: ClassVar[str] = "mxfp4"
-    bits_per_weight: ClassVar[float] = 4.0 + 8.0 / MX_BLOCK
     block_size: int = MX_BLOCK
 
     def encode(self, weight: torch.Tensor) -> Tensors:
@@ -216,11 +218,10 @@ class Int8Codec(Codec):
     """Symmetric int8, one float32 scale per output row."""
 
     name: ClassVar[str] = "int8"
-    bits_per_weight: ClassVar[float] = 8.0
 
     def encode(self, weight: torch.Tensor) -> Tensors:
         weight = _check_matrix(weight)
-        scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        scale = _row_scales(weight, 127.0)[:, None]
         return {"qweight": torch.round(weight / scale).clamp(-127, 127).to(torch.int8),
                 "scale": scale}
 
@@ -233,7 +234,6 @@ class Int4Codec(Codec):
     """Symmetric int4 (stored +8 as 0..15), one float32 scale per block of input weights."""
 
     name: ClassVar[str] = "int4"
-    bits_per_weight: ClassVar[float] = 4.0
     block_size: int = 64
 
     def encode(self, weight: torch.Tensor) -> Tensors:
