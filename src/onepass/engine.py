@@ -99,6 +99,9 @@ class DecisionEngine:
         self.specials = tuple(backend.special_tokens)
         self._label_memo: dict[str, tuple[int, str] | None] = {}
         self.stats = EngineStats()
+        # tokens of the system prompt kept resident since start-up: every request's
+        # cached_tokens includes them, so a state-prefix hit is cached_tokens > pinned_tokens
+        self.pinned_tokens = 0
         self._pin_system()
 
     # ------------------------------------------------------------------ construction
@@ -150,6 +153,7 @@ class DecisionEngine:
         ids = self.backend.encode(text)
         if len(ids) > 2:
             pin(ids[:-2])  # leave the boundary tokens to the request: they may merge with it
+            self.pinned_tokens = len(ids) - 2
 
     # ------------------------------------------------------------------ labels
 
