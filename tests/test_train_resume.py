@@ -72,9 +72,37 @@ def test_resume_mid_epoch_reproduces_the_uninterrupted_run(base, dataset, tmp_pa
     assert a.keys() == b.keys()
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-6), name
+    # Both epochs' reported losses: epoch 1 was interrupted at step 3 and finished after resume.
     straight_summary = json.loads((straight / "training_summary.json").read_text())
-    assert [h["train_loss"] for h in result.history][1] == pytest.approx(
-        straight_summary["history"][1]["train_loss"], abs=1e-6)
+    resumed_summary = json.loads((resumed / "training_summary.json").read_text())
+    expected = [h["train_loss"] for h in straight_summary["history"]]
+    assert len(expected) == 2
+    assert [h["train_loss"] for h in result.history] == pytest.approx(expected, abs=1e-6)
+    assert [h["train_loss"] for h in resumed_summary["history"]] == pytest.approx(
+        expected, abs=1e-6)
+
+
+class RunsCode:
+    """Unpickling this creates ``path``: what a hostile checkpoint could do instead."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_resume_refuses_a_bundle_that_would_run_code(base, dataset, tmp_path):
+    out = tmp_path / "o"
+    train(config(base, dataset, out, epochs=1), show_progress=False)
+    bundle_path = out / "checkpoint" / "optimizer.pt"
+    bundle = torch.load(bundle_path, weights_only=True)  # what a normal run saves loads safely
+    assert set(bundle) == {"optimizer", "scheduler", "torch_rng"}
+    marker = tmp_path / "code-ran"
+    torch.save({**bundle, "extra": RunsCode(marker)}, bundle_path)
+    with pytest.raises(ConfigError, match="could run code.*refused"):
+        train(config(base, dataset, out, epochs=1, resume=True), show_progress=False)
+    assert not marker.exists()
 
 
 def test_resume_refuses_a_different_run(base, dataset, tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from onepass.adapters import ADAPTER_CONFIG, ADAPTER_FORMAT, ADAPTER_WEIGHTS
+from onepass.train.config import ConfigError
 
 CHECKPOINT_DIR = "checkpoint"
 SUMMARY = "training_summary.json"
@@ -124,13 +126,25 @@ def save_training_state(
 def load_training_state(
     directory: str | Path,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]] | None:
-    """(trainable tensors, optimizer bundle, state) from ``directory/checkpoint``, or None."""
+    """(trainable tensors, optimizer bundle, state) from ``directory/checkpoint``, or None.
+
+    The bundle is loaded weights-only; one holding anything else is a :class:`ConfigError`.
+    """
     from safetensors.torch import load_file
 
     target = Path(directory) / CHECKPOINT_DIR
     if not (target / "state.json").is_file():
         return None
     tensors = load_file(str(target / "trainable.safetensors"))
-    bundle = torch.load(target / "optimizer.pt", weights_only=False)
+    bundle_path = target / "optimizer.pt"
+    try:
+        # Tensors and plain values only: a checkpoint from elsewhere must not run code.
+        bundle = torch.load(bundle_path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            f"--resume: {bundle_path} holds objects other than tensors and plain values "
+            f"(loading it could run code), so it is refused; delete {target} to start over "
+            "or use a new output directory"
+        ) from None
     state = json.loads((target / "state.json").read_text())
     return tensors, bundle, state

@@ -370,6 +370,8 @@ def train(
         "epoch": 0, "micro_batch": 0, "step": 0, "best_loss": None, "best_epoch": None,
         "bad_epochs": 0, "history": [], "stopped_early": False, "done": False,
         "fingerprint": _fingerprint(config, len(train_examples)),
+        # the current epoch so far, so a mid-epoch resume reports the whole epoch's loss
+        "epoch_loss_sum": 0.0, "epoch_questions": 0, "epoch_seconds": 0.0,
     }
     if run.resume:
         loaded = artifacts.load_training_state(out)
@@ -388,7 +390,7 @@ def train(
             optimizer.load_state_dict(bundle["optimizer"])
             scheduler.load_state_dict(bundle["scheduler"])
             torch.set_rng_state(bundle["torch_rng"])
-            state = saved
+            state = {**state, **saved}
             console.print(
                 f"resuming from epoch {state['epoch'] + 1}, micro-batch {state['micro_batch']}"
             )
@@ -449,7 +451,8 @@ def train(
                       for j in range(0, len(order), run.batch_size)]
             task = progress.add_task("train", total=len(groups), completed=state["micro_batch"],
                                      epoch=f"{epoch + 1}/{run.epochs}", loss="-", speed="")
-            running, seen, tokens, t0 = 0.0, 0, 0, time.perf_counter()
+            seen, tokens, t0 = 0, 0, time.perf_counter()  # this session: throughput only
+            seconds_before = state["epoch_seconds"]
             i = state["micro_batch"]
             while i < len(groups):
                 window = groups[i : i + run.gradient_accumulation_steps]
@@ -461,7 +464,8 @@ def train(
                         logits = decision_logits(lm, batch)
                     loss = restricted_cross_entropy(logits, batch.targets, "sum")
                     (loss / n_window).backward()
-                    running += loss.item()
+                    state["epoch_loss_sum"] += loss.item()
+                    state["epoch_questions"] += len(group)
                     seen += len(group)
                     tokens += batch.tokens
                 if run.maximum_gradient_norm > 0:
@@ -473,17 +477,20 @@ def train(
                 i += len(window)
                 state["micro_batch"] = i
                 elapsed = max(time.perf_counter() - t0, 1e-9)
+                state["epoch_seconds"] = seconds_before + elapsed
                 progress.update(
-                    task, completed=i, loss=f"{running / seen:.4f}",
+                    task, completed=i,
+                    loss=f"{state['epoch_loss_sum'] / state['epoch_questions']:.4f}",
                     speed=f"{seen / elapsed:.2f} q/s {tokens / elapsed:,.0f} tok/s",
                 )
                 if run.checkpoint_steps and state["step"] % run.checkpoint_steps == 0:
                     checkpoint()
             progress.remove_task(task)
             record: dict[str, Any] = {
-                "epoch": epoch + 1, "train_loss": running / max(seen, 1),
+                "epoch": epoch + 1,
+                "train_loss": state["epoch_loss_sum"] / max(state["epoch_questions"], 1),
                 "learning_rate": scheduler.get_last_lr()[0], "steps": state["step"],
-                "seconds": round(time.perf_counter() - t0, 2),
+                "seconds": round(seconds_before + time.perf_counter() - t0, 2),
             }
             improved = True
             if val_examples:
@@ -510,6 +517,7 @@ def train(
             if improved:
                 write_artifact()
             state["epoch"], state["micro_batch"] = epoch + 1, 0
+            state["epoch_loss_sum"], state["epoch_questions"], state["epoch_seconds"] = 0.0, 0, 0.0
             if (run.early_stop_patience and state["bad_epochs"] >= run.early_stop_patience
                     and state["epoch"] < run.epochs):
                 state["stopped_early"] = state["done"] = True
