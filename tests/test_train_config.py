@@ -133,6 +133,16 @@ def test_bad_flag_value_names_the_flag():
         resolve_config({("run", "epochs"): 0})
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_numbers_are_refused_from_flags_and_files(tmp_path, value):
+    with pytest.raises(ConfigError, match=f"--validation-split: expected a finite number, got "
+                                          f"{value!r}"):
+        resolve_config({("dataset", "validation_split"): value})
+    path = toml(tmp_path, f"[run]\nlearning_rate = {value!r}\n")
+    with pytest.raises(ConfigError, match="learning_rate: expected a finite number"):
+        resolve_config({}, path)
+
+
 def test_required_settings_and_conflicts():
     with pytest.raises(ConfigError, match="training dataset is required"):
         check_complete(resolve_config({("run", "output_directory"): "o"}))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,11 +144,32 @@ def test_answer_index_rules():
 def test_validation_split_is_fixed_and_disjoint(tmp_path):
     lines = [{"state": f"s{i}", "questions": {"q": NOUL}} for i in range(20)]
     records = load_dataset(write_lines(tmp_path, lines))
-    train, val = split_records(records, 0.25, seed=3)
-    again_train, again_val = split_records(records, 0.25, seed=3)
+    path = tmp_path / "data.jsonl"
+    train, val = split_records(records, 0.25, 3, path)
+    again_train, again_val = split_records(records, 0.25, 3, path)
     assert [r.source for r in val] == [r.source for r in again_val]
     assert len(val) == 5 and len(train) == 15
     assert not {r.source for r in train} & {r.source for r in val}
-    assert [r.source for r in split_records(records, 0.25, seed=4)[1]] != [r.source for r in val]
-    with pytest.raises(ValueError):
-        split_records(records, 1.5, seed=0)
+    assert [r.source for r in split_records(records, 0.25, 4, path)[1]] != [
+        r.source for r in val]
+    with pytest.raises(DatasetError, match=f"^{path}: validation split: expected a fraction"):
+        split_records(records, 1.5, 0, path)
+    with pytest.raises(DatasetError, match=f"^{path}: validation split 0.5 of 1 records leaves"):
+        split_records(records[:1], 0.5, 0, path)
+
+
+def test_cli_reports_an_impossible_split_in_one_line(tmp_path):
+    """`onepass train` turns a split that leaves nothing to train on into one clean line."""
+    path = write_lines(tmp_path, [GOOD])
+    done = subprocess.run(
+        [sys.executable, "-m", "onepass.cli", "train", "--method", "lora", "--dataset", str(path),
+         "--validation-split", "0.5", "--output-directory", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"onepass train: {path}: validation split 0.5 of 1 records leaves nothing to train on; "
+        "add records, lower --validation-split or give --validation-dataset"
+    ]

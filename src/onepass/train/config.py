@@ -16,6 +16,7 @@ Pure: no torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -247,6 +248,8 @@ def _coerce(setting: Setting, value: Any) -> Any:
     elif kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
+        if ok and not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {value!r}")
     elif kind is str:
         ok = isinstance(value, str)
     elif kind is list:

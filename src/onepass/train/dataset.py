@@ -211,17 +211,25 @@ def load_dataset(path: str | Path) -> list[Record]:
 
 
 def split_records(
-    records: Sequence[Record], fraction: float, seed: int
+    records: Sequence[Record], fraction: float, seed: int, path: str | Path
 ) -> tuple[list[Record], list[Record]]:
-    """A fixed (seeded) hold-out of ``fraction`` of the records: (train, validation)."""
+    """A fixed (seeded) hold-out of ``fraction`` of the records of ``path``: (train, validation).
+
+    A split that cannot be made is a :class:`DatasetError` naming ``path``, like every other
+    dataset problem.
+    """
     if not 0.0 < fraction < 1.0:
-        raise ValueError(f"validation split: expected a fraction between 0 and 1, got {fraction}")
+        raise DatasetError(
+            path, None, f"validation split: expected a fraction between 0 and 1, got {fraction}"
+        )
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
     n_val = max(1, round(len(records) * fraction))
     if n_val >= len(records):
-        raise ValueError(
-            f"validation split {fraction} of {len(records)} records leaves nothing to train on"
+        raise DatasetError(
+            path, None,
+            f"validation split {fraction} of {len(records)} records leaves nothing to train on; "
+            "add records, lower --validation-split or give --validation-dataset",
         )
     held = set(order[:n_val])
     train = [r for i, r in enumerate(records) if i not in held]

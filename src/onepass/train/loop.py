@@ -333,7 +333,7 @@ def train(
         val_records = load_dataset(config.dataset.validation_path)
     elif config.dataset.validation_split:
         train_records, val_records = split_records(
-            train_records, config.dataset.validation_split, run.seed
+            train_records, config.dataset.validation_split, run.seed, config.dataset.path
         )
 
     # 2-3. model and the server's rendering
