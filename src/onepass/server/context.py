@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from onepass.server.errors import ApiError, ClientGone, retry_headers
+from onepass.server.metrics import UNMATCHED
 
 if TYPE_CHECKING:
     from onepass.server.runtime import Runtime
@@ -133,7 +134,9 @@ class RequestContextMiddleware:
                 self.rt.in_flight_ids.discard(rid)
                 self.rt.metrics.in_flight.dec()
             seconds = time.perf_counter() - start
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            # the matched route's path template (the router sets it, also for a 405), never
+            # the raw path: metric labels stay bounded by the route table
+            route = getattr(scope.get("route"), "path", None) or UNMATCHED
             self.rt.metrics.observe_http(route, scope.get("method", ""), status, seconds)
             record = {"request_id": rid, "method": scope.get("method"), "path": path,
                       "status": status, "ms": round(seconds * 1000, 1), **fields}

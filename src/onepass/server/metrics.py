@@ -2,11 +2,16 @@
 
 Counters and histograms are updated on the request path; the prefix-cache numbers, queue depth
 and readiness are read at scrape time from their owners, so they can never drift.
+
+Every label takes its value from a fixed set: a label fed by the client (any token parses as an
+HTTP method, any path reaches the router, and 404/405 happen before the key check) would let
+anyone create time series without bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from prometheus_client import (
@@ -22,6 +27,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+OTHER = "other"  # the one label value everything outside a fixed set collapses to
+UNMATCHED = "unmatched"  # the route label of a request no route matched
+HTTP_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
+# the registered status codes, plus 499 (the client went away before its answer)
+HTTP_STATUSES = frozenset({int(s) for s in HTTPStatus} | {499})
+QUESTION_TYPES = frozenset({"noul", "choice", "score"})
+
+
+def method_label(method: str) -> str:
+    return method if method in HTTP_METHODS else OTHER
+
+
+def status_label(status: int) -> str:
+    return str(status) if status in HTTP_STATUSES else OTHER
 
 
 class _CacheCollector(Collector):
@@ -124,7 +146,9 @@ class Metrics:
         self.registry.register(_CacheCollector(cache_stats))
 
     def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
+        """Count one HTTP request. ``route`` must be a route's path template (or
+        ``UNMATCHED``), never the raw path: the app's route table bounds it."""
+        self.requests.labels(route, method_label(method), status_label(status)).inc()
         self.latency.labels(route).observe(seconds)
 
     def observe_answer(
@@ -134,7 +158,8 @@ class Metrics:
         self.compute.observe(compute_seconds)
         for answer in (response.get("answers") or {}).values():
             if isinstance(answer, dict):
-                self.questions.labels(str(answer.get("type", "unknown"))).inc()
+                kind = answer.get("type")
+                self.questions.labels(kind if kind in QUESTION_TYPES else OTHER).inc()
         usage = response.get("usage") or {}
         self.input_tokens.inc(usage.get("input_tokens") or 0)
         self.cached_tokens.inc(usage.get("cached_tokens") or 0)
