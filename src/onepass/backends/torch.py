@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from onepass.backends.base import ScoreResult
+from onepass.backends.kv_arena import ArenaCache, KVArena
 from onepass.cache import CacheStats, PrefixCache
 from onepass.models import check_family
 from onepass.quant.artifact import QuantizeError, load_quantized, read_quantization
@@ -320,6 +322,126 @@ class TorchBackend:
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
 
+    # ------------------------------------------------------------------ generation
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence (prompt + output) the model was trained for."""
+        return int(getattr(self.config, "max_position_embeddings", 0) or 2048)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm_head.weight.shape[0])
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Tokens that end a generation: the tokenizer's EOS, the generation config's (chat
+        models list their end-of-turn token there) and the chat template's end-of-turn."""
+        ids: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        for value in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(int(v) for v in value)
+        for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid >= 0:
+                ids.add(tid)
+        return frozenset(ids)
+
+    def new_arena(self, capacity: int) -> KVArena:
+        return KVArena(capacity)
+
+    @torch.inference_mode()
+    def load_prefix(self, arena: KVArena, table: list[int], owner: int,
+                    prompt: Sequence[int]) -> int:
+        """Copy the longest cached prefix of ``prompt`` into the sequence's rows; returns its
+        length. The prompt's last token is always left to compute: its logits are the first
+        output's distribution, and the cache keeps keys/values, not logits."""
+        with self._lock:
+            cached, kv = self.cache.longest_prefix(prompt[:-1]) if len(prompt) > 1 else (0, None)
+            if cached and kv is not None:
+                arena.grow(table, cached)
+                arena.write(table, owner, [(k[:, :, :cached], v[:, :, :cached]) for k, v in kv])
+            return cached
+
+    @torch.inference_mode()
+    def store_prefix(self, arena: KVArena, table: Sequence[int], prompt: Sequence[int]) -> None:
+        """Cache the prompt's keys/values (a copy: the arena's rows are reused later)."""
+        with self._lock:
+            if self.cache.enabled and len(prompt) <= self.cache.max_tokens:  # else put drops it
+                self.cache.put(prompt, arena.read(table, len(prompt)))
+
+    @torch.inference_mode()
+    def step(self, arena: KVArena, rows: Sequence[StepRow]) -> list[torch.Tensor | None]:
+        """ONE forward over the next tokens of several sequences living in ``arena``.
+
+        Row ``i`` writes ``rows[i].tokens`` at positions ``start, start+1, ...`` of its
+        sequence; each query sees only its own sequence's rows up to its own position (and
+        within the sliding window on local-attention layers). Returns, per row that asks, the
+        float32 full-vocabulary logits at its last token.
+        """
+        ids = [t for r in rows for t in r.tokens]
+        if not ids:
+            return [None] * len(rows)
+        with self._lock:
+            positions = torch.cat([torch.arange(r.start, r.start + len(r.tokens)) for r in rows])
+            owners = torch.cat([torch.full((len(r.tokens),), r.owner) for r in rows])
+            for r in rows:
+                arena.grow(r.table, r.start + len(r.tokens))
+            slots = torch.cat([arena.slots(r.table, r.start, len(r.tokens)) for r in rows])
+            arena.claim(slots, owners, positions)
+            # keys beyond the highest block of this step's sequences are nobody's business here
+            span = max((max(r.table) + 1) * arena.block for r in rows)
+            arena.prepare(span)
+            key_owner, key_pos = arena.owner[:span], arena.position[:span]
+            allowed = (key_owner[None, :] == owners[:, None]) & (
+                key_pos[None, :] <= positions[:, None]
+            )
+            mask = self._layer_masks(allowed, key_pos, positions)
+            out = self.decoder(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=positions[None].to(self.device),
+                attention_mask=mask,
+                cache=ArenaCache(arena, slots.to(self.device), span),
+                use_cache=True,
+            )
+            hidden = out.last_hidden_state[0]
+            ends = torch.tensor([len(r.tokens) for r in rows]).cumsum(0) - 1
+            wanted = [i for i, r in enumerate(rows) if r.logits]
+            result: list[torch.Tensor | None] = [None] * len(rows)
+            if wanted:
+                logits = self.lm_head(hidden[ends[wanted].to(hidden.device)]).float()
+                if self.softcap:
+                    logits = torch.tanh(logits / self.softcap) * self.softcap
+                for i, row in zip(wanted, logits):
+                    result[i] = row
+            return result
+
+    def _layer_masks(
+        self, allowed: torch.Tensor, key_pos: torch.Tensor, query_pos: torch.Tensor
+    ) -> Any:
+        """The 4-D mask(s) the decoder takes: one per layer type on mixed-attention models."""
+        dtype = self.decoder.dtype if hasattr(self.decoder, "dtype") else torch.float32
+
+        def build(window: int | None) -> torch.Tensor:
+            ok = allowed if window is None else allowed & (
+                key_pos[None, :] > query_pos[:, None] - window
+            )
+            if self._bool_mask:
+                return ok[None, None].to(self.device)
+            mask = torch.zeros(ok.shape, dtype=dtype)
+            mask.masked_fill_(~ok, torch.finfo(dtype).min)
+            return mask[None, None].to(self.device)
+
+        if self.layer_types:
+            return {
+                kind: build(self.window if kind == "sliding_attention" else None)
+                for kind in set(self.layer_types)
+            }
+        return build(self.window)
+
     @torch.inference_mode()
     def generate(
         self,
@@ -375,6 +497,18 @@ class TorchBackend:
                 )
                 last = step.last_hidden_state[0, -1]
         return out, logits, cached
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """The next tokens of one running sequence (``owner``, its arena block ``table``),
+    at positions ``start, ...``; ``logits`` asks for the full-vocabulary logits at the last."""
+
+    table: list[int]
+    owner: int
+    tokens: Sequence[int]
+    start: int
+    logits: bool = True
 
 
 def packing_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
