@@ -2,36 +2,36 @@
 
 Each command lives in ``onepass/commands/<name>.py`` and exposes ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(args) -> int``. Commands import their heavy dependencies
-inside ``run`` so ``onepass --help`` stays instant.
+inside ``run`` so ``onepass --help`` stays instant. They are imported plainly: a command that
+fails to import is a bug to see, never a command that silently disappears.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 
+from onepass.commands import decide, decide_schema, merge, quantize, serve, train
+from onepass.commands import eval as evaluate
+from onepass.commands.common import CommandParser
+
 COMMANDS = {
-    "decide": "onepass.commands.decide",
-    "serve": "onepass.commands.serve",
-    "decide-schema": "onepass.commands.decide_schema",
-    "train": "onepass.commands.train",
-    "eval": "onepass.commands.eval",
-    "merge": "onepass.commands.merge",
-    "quantize": "onepass.commands.quantize",
+    "decide": decide,
+    "serve": serve,
+    "decide-schema": decide_schema,
+    "train": train,
+    "eval": evaluate,
+    "merge": merge,
+    "quantize": quantize,
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="onepass", description="Typed decisions from one forward pass of a language model."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in COMMANDS.items():
-        if importlib.util.find_spec(module_name) is None:
-            continue
-        module = importlib.import_module(module_name)
+    for name, module in COMMANDS.items():
         p = sub.add_parser(
             name,
             help=module.HELP,

@@ -81,8 +81,8 @@ class DecisionEngine:
         style: P.Style = P.DEFAULT_STYLE,
         chat_format: P.ChatFormat | None = None,
     ):
-        if temperature <= 0:
-            raise ValueError("temperature must be greater than 0")
+        if not 0 < temperature < float("inf"):  # False for nan too
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         self.backend = backend
         self.context = context
         self.max_input_tokens = max_input_tokens

@@ -1,59 +1,119 @@
-"""Arguments shared by every command that loads a model.
+"""Arguments shared by every command that loads a model, and the parser every command uses.
 
-Every flag also reads ``ONEPASS_<FLAG>`` from the environment (dashes become underscores,
-upper case): precedence is flag > environment > default, the same rule everywhere.
+A flag declared with :func:`env_argument` also reads ``ONEPASS_<FLAG>`` from the environment
+(dashes become underscores, upper case): precedence is flag > environment > default, the same
+rule everywhere. An environment value goes through the flag's own type, range and choices check,
+at start-up, and a bad one fails with the same one-line message as the flag would.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+ENV_PREFIX = "ONEPASS_"
+_ENV_ATTR = "onepass_env_var"  # set on an argparse action that reads the environment
 
 
-def env_default(flag: str, default: Any = None, cast: type = str) -> Any:
-    """The default for ``--flag``: ``$ONEPASS_FLAG`` when set, else ``default``."""
-    raw = os.environ.get("ONEPASS_" + flag.upper().replace("-", "_"))
-    if raw is None or raw == "":
-        return default
-    if cast is bool:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+class _FromEnv:
+    """An environment value waiting for argparse to say whether its flag was given."""
+
+    def __init__(self, var: str, raw: str):
+        self.var = var
+        self.raw = raw
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse with ``ONEPASS_<FLAG>`` fallbacks parsed exactly like the flags, and errors on
+    one line (no usage dump, no traceback)."""
+
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        namespace = argparse.Namespace() if namespace is None else namespace
+        for action in self._actions:
+            var = getattr(action, _ENV_ATTR, None)
+            raw = os.environ.get(var) if var else None
+            if raw and not hasattr(namespace, action.dest):
+                setattr(namespace, action.dest, _FromEnv(var, raw))  # a given flag replaces it
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            if isinstance(value, _FromEnv):
+                try:  # the flag's own conversion and choices check, so both fail alike
+                    setattr(namespace, action.dest, self._get_values(action, [value.raw]))
+                except argparse.ArgumentError as exc:
+                    self.error(f"{value.var} (environment, for {action.option_strings[0]}): "
+                               f"{exc.message}")
+        return namespace, extras
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def env_argument(container: Any, flag: str, **kwargs: Any) -> argparse.Action:
+    """``container.add_argument(flag, **kwargs)`` that falls back to ``$ONEPASS_<FLAG>``."""
+    action = container.add_argument(flag, **kwargs)
+    setattr(action, _ENV_ATTR, ENV_PREFIX + action.dest.upper())
+    return action
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (``nan`` and ``inf`` parse as floats but are no temperature)."""
     try:
-        return cast(raw)
-    except ValueError as exc:
-        raise SystemExit(f"ONEPASS_{flag.upper().replace('-', '_')}: {exc}") from exc
+        value: float | None = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _integer(text: str, low: int) -> int:
+    try:
+        value: int | None = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _integer(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _integer(text, 0)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
-    g.add_argument(
-        "--model",
-        default=env_default("model"),
+    env_argument(
+        g, "--model",
         help="embedded alias (default: smollm2-135m-instruct; also gemma3-270m, "
         "qwen2.5-coder-0.5b-instruct), a .gguf file, a checkpoint directory or a hub id",
     )
-    g.add_argument("--adapter", default=env_default("adapter"),
-                   help="LoRA adapter directory merged into the model at load")
-    g.add_argument("--served-model-name", default=env_default("served-model-name"),
-                   help="name reported in responses (default: the model's name)")
-    g.add_argument("--device", default=env_default("device", "auto"),
-                   choices=["auto", "cpu", "cuda", "mps"], help="default: auto")
-    g.add_argument("--dtype", default=env_default("dtype", "auto"),
-                   choices=["auto", "float32", "bfloat16", "float16"],
-                   help="default: auto (float32 on CPU, bfloat16/float16 on GPU)")
-    g.add_argument("--context-path", default=env_default("context-path"),
-                   help="a system context file (policy, memory) prefilled once at start-up")
-    g.add_argument("--session-cache-entries", type=int,
-                   default=env_default("session-cache-entries", 16, int),
-                   help="prefix cache entries (default 16; 0 disables)")
-    g.add_argument("--session-cache-tokens", type=int,
-                   default=env_default("session-cache-tokens", 32768, int),
-                   help="prefix cache resident tokens (default 32768; 0 disables)")
-    g.add_argument("--max-input-tokens", type=int,
-                   default=env_default("max-input-tokens", 8192, int),
-                   help="refuse prompts longer than this (default 8192); nothing is truncated")
-    g.add_argument("--temperature", type=float, default=env_default("temperature", 1.0, float),
-                   help="readout temperature over the candidate labels (default 1.0)")
+    env_argument(g, "--adapter", help="LoRA adapter directory merged into the model at load")
+    env_argument(g, "--served-model-name",
+                 help="name reported in responses (default: the model's name)")
+    env_argument(g, "--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                 help="default: auto")
+    env_argument(g, "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                 help="default: auto (float32 on CPU, bfloat16/float16 on GPU)")
+    env_argument(g, "--context-path",
+                 help="a system context file (policy, memory) prefilled once at start-up")
+    env_argument(g, "--session-cache-entries", type=non_negative_int, default=16,
+                 help="prefix cache entries (default 16; 0 disables)")
+    env_argument(g, "--session-cache-tokens", type=non_negative_int, default=32768,
+                 help="prefix cache resident tokens (default 32768; 0 disables)")
+    env_argument(g, "--max-input-tokens", type=positive_int, default=8192,
+                 help="refuse prompts longer than this (default 8192); nothing is truncated")
+    env_argument(g, "--temperature", type=positive_float, default=1.0,
+                 help="readout temperature over the candidate labels (finite, > 0; default 1.0)")
 
 
 def engine_from_args(args: argparse.Namespace):

@@ -21,7 +21,12 @@ import os
 import signal
 from typing import Any
 
-from onepass.commands.common import add_model_arguments, engine_from_args, env_default
+from onepass.commands.common import (
+    add_model_arguments,
+    engine_from_args,
+    env_argument,
+    non_negative_int,
+)
 
 HELP = "serve the System One HTTP API (compatible with the official typesafe-sdk client)"
 
@@ -32,47 +37,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from onepass.server import settings as S
 
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default=env_default("host", S.DEFAULT_HOST),
-                   help=f"address to bind (default {S.DEFAULT_HOST}; binding a non-loopback "
-                   "address without --api-key logs a warning)")
-    g.add_argument("--port", type=int, default=env_default("port", S.DEFAULT_PORT, int),
-                   help=f"port to bind (default {S.DEFAULT_PORT})")
-    g.add_argument("--api-key", default=env_default("api-key"),
-                   help="require 'Authorization: Bearer <key>' on /v1/* (401 wrong key, 403 "
-                   "missing); without it any bearer token (or none) is accepted. Prefer the "
-                   "environment (ONEPASS_API_KEY) so the key stays out of process listings")
-    g.add_argument("--max-body-bytes", type=int,
-                   default=env_default("max-body-bytes", S.DEFAULT_MAX_BODY_BYTES, int),
-                   help="largest request body, before and after Content-Encoding decoding "
-                   f"(default {S.DEFAULT_MAX_BODY_BYTES}); 413 above it")
-    g.add_argument("--max-questions", type=int,
-                   default=env_default("max-questions", S.DEFAULT_MAX_QUESTIONS, int),
-                   help="most questions in one request; they share one forward pass "
-                   f"(default {S.DEFAULT_MAX_QUESTIONS}); 413 above it")
-    g.add_argument("--max-queue", type=int,
-                   default=env_default("max-queue", S.DEFAULT_MAX_QUEUE, int),
-                   help="requests waiting for the engine before new ones get 429 with "
-                   f"retry-after (default {S.DEFAULT_MAX_QUEUE})")
-    g.add_argument("--request-deadline", type=float,
-                   default=env_default("request-deadline", S.DEFAULT_REQUEST_DEADLINE, float),
-                   help="seconds a request may wait for the engine; one that cannot start in "
-                   "time gets 429 with retry-after instead of a late answer (default "
-                   f"{S.DEFAULT_REQUEST_DEADLINE:g}, well under the client's 10 s timeout)")
-    g.add_argument("--workers", type=int, default=env_default("workers", 1, int),
-                   help="engine worker threads (default 1; forward passes are serialised, a "
-                   "2nd worker overlaps tokenisation with compute)")
-    g.add_argument("--threads", type=int, default=env_default("threads", 0, int),
-                   help="CPU threads for the model's forward passes (default 0: the torch "
-                   "default, one per core). On a CPU shared with other busy processes, 1 avoids "
-                   "thread oversubscription, which can make every forward several times slower")
-    g.add_argument("--drain-seconds", type=float,
-                   default=env_default("drain-seconds", S.DEFAULT_DRAIN_SECONDS, float),
-                   help="on SIGTERM/SIGINT, how long in-flight requests may finish "
-                   f"(default {S.DEFAULT_DRAIN_SECONDS:g})")
-    g.add_argument("--log-level", default=env_default("log-level", "info"),
-                   choices=["debug", "info", "warning", "error"],
-                   help="log level (default info); logs are JSON lines on stderr, one per "
-                   "API request")
+    env_argument(g, "--host", default=S.DEFAULT_HOST,
+                 help=f"address to bind (default {S.DEFAULT_HOST}; binding a non-loopback "
+                 "address without --api-key logs a warning)")
+    env_argument(g, "--port", type=int, default=S.DEFAULT_PORT,
+                 help=f"port to bind (default {S.DEFAULT_PORT})")
+    env_argument(g, "--api-key",
+                 help="require 'Authorization: Bearer <key>' on /v1/* (401 wrong key, 403 "
+                 "missing); without it any bearer token (or none) is accepted. Prefer the "
+                 "environment (ONEPASS_API_KEY) so the key stays out of process listings")
+    env_argument(g, "--max-body-bytes", type=int, default=S.DEFAULT_MAX_BODY_BYTES,
+                 help="largest request body, before and after Content-Encoding decoding "
+                 f"(default {S.DEFAULT_MAX_BODY_BYTES}); 413 above it")
+    env_argument(g, "--max-questions", type=int, default=S.DEFAULT_MAX_QUESTIONS,
+                 help="most questions in one request; they share one forward pass "
+                 f"(default {S.DEFAULT_MAX_QUESTIONS}); 413 above it")
+    env_argument(g, "--max-queue", type=int, default=S.DEFAULT_MAX_QUEUE,
+                 help="requests waiting for the engine before new ones get 429 with "
+                 f"retry-after (default {S.DEFAULT_MAX_QUEUE})")
+    env_argument(g, "--request-deadline", type=float, default=S.DEFAULT_REQUEST_DEADLINE,
+                 help="seconds a request may wait for the engine; one that cannot start in "
+                 "time gets 429 with retry-after instead of a late answer (default "
+                 f"{S.DEFAULT_REQUEST_DEADLINE:g}, well under the client's 10 s timeout)")
+    env_argument(g, "--workers", type=int, default=S.DEFAULT_WORKERS,
+                 help=f"engine worker threads (default {S.DEFAULT_WORKERS}; forward passes are "
+                 "serialised, a 2nd worker overlaps tokenisation with compute)")
+    env_argument(g, "--threads", type=non_negative_int, default=0,
+                 help="CPU threads for the model's forward passes (default 0: the torch "
+                 "default, one per core). On a CPU shared with other busy processes, 1 avoids "
+                 "thread oversubscription, which can make every forward several times slower")
+    env_argument(g, "--drain-seconds", type=float, default=S.DEFAULT_DRAIN_SECONDS,
+                 help="on SIGTERM/SIGINT, how long in-flight requests may finish "
+                 f"(default {S.DEFAULT_DRAIN_SECONDS:g})")
+    env_argument(g, "--log-level", default=S.DEFAULT_LOG_LEVEL, choices=S.LOG_LEVELS,
+                 help=f"log level (default {S.DEFAULT_LOG_LEVEL}); logs are JSON lines on "
+                 "stderr, one per API request")
     add_model_arguments(parser)
 
 
@@ -94,7 +93,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             served_model_name=args.served_model_name,
         )
     except ValueError as exc:
-        raise SystemExit(f"onepass serve: {exc}") from None
+        raise SystemExit(f"onepass serve: error: {exc}") from None
 
 
 def warn_if_open(settings: Any) -> None:
@@ -112,16 +111,18 @@ def warn_if_open(settings: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
+    try:  # the server extra; a first-party import error below is a bug, never hidden here
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn
-
-        from onepass.server import logs
-        from onepass.server.app import create_app
+        import zstandard  # noqa: F401
     except ImportError as exc:
         raise SystemExit(
             f"onepass serve needs the server extra ({exc.name} is missing): "
             "pip install 'onepass[server]'"
         ) from None
+    from onepass.server import logs
+    from onepass.server.app import create_app
 
     settings = settings_from_args(args)
     logs.configure(settings.log_level)

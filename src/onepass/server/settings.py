@@ -7,6 +7,7 @@ the HTTP layer: where to listen, what to accept, how much to queue and for how l
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 
 DEFAULT_HOST = "127.0.0.1"
@@ -16,6 +17,9 @@ DEFAULT_MAX_QUESTIONS = 64
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_REQUEST_DEADLINE = 5.0
 DEFAULT_DRAIN_SECONDS = 15.0
+DEFAULT_WORKERS = 1
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_LEVEL = "info"
 
 
 @dataclass(frozen=True)
@@ -38,26 +42,30 @@ class ServerSettings:
     request_deadline: float = DEFAULT_REQUEST_DEADLINE
     # Engine worker threads. The torch backend serialises forward passes, so 1 keeps the
     # device busy; 2 overlaps tokenisation/rendering of one request with another's forward.
-    workers: int = 1
+    workers: int = DEFAULT_WORKERS
     # On SIGTERM/SIGINT: seconds in-flight requests get to finish before they are abandoned.
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
-    log_level: str = "info"
+    log_level: str = DEFAULT_LOG_LEVEL
     # Shown by /v1/models before the model has loaded (the engine's name wins afterwards).
     served_model_name: str | None = None
 
     def __post_init__(self) -> None:
-        checks = {
-            "port": 0 <= self.port <= 65535,
-            "max_body_bytes": self.max_body_bytes > 0,
-            "max_questions": self.max_questions > 0,
-            "max_queue": self.max_queue > 0,
-            "request_deadline": self.request_deadline > 0,
-            "workers": self.workers > 0,
-            "drain_seconds": self.drain_seconds >= 0,
-        }
-        bad = [name for name, ok in checks.items() if not ok]
+        # every comparison is False for nan; infinities are refused explicitly (an infinite
+        # drain or deadline is no bound, and rounding one for uvicorn raises)
+        checks = (
+            ("port", 0 <= self.port <= 65535, "an integer from 0 to 65535"),
+            ("max_body_bytes", self.max_body_bytes > 0, "an integer > 0"),
+            ("max_questions", self.max_questions > 0, "an integer > 0"),
+            ("max_queue", self.max_queue > 0, "an integer > 0"),
+            ("request_deadline", 0 < self.request_deadline < math.inf, "a finite number > 0"),
+            ("workers", self.workers > 0, "an integer > 0"),
+            ("drain_seconds", 0 <= self.drain_seconds < math.inf, "a finite number >= 0"),
+            ("log_level", self.log_level in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}"),
+        )
+        bad = [f"{name}: expected {what}, got {getattr(self, name)!r}"
+               for name, ok, what in checks if not ok]
         if bad:
-            raise ValueError(f"invalid server settings: {', '.join(bad)} out of range")
+            raise ValueError(f"invalid server settings: {'; '.join(bad)}")
         if self.api_key is not None and (not self.api_key.strip() or " " in self.api_key.strip()):
             raise ValueError("api_key must be a non-empty token without spaces")
 
