@@ -1,4 +1,5 @@
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -72,25 +73,24 @@ def test_values_are_not_copied_or_mutated_by_the_cache():
 
 def test_thread_safety_under_concurrent_use():
     cache = PrefixCache(8, 64)
-    errors = []
+    start = threading.Barrier(8)
 
     def worker(seed: int) -> None:
-        try:
-            for i in range(400):
-                key = [seed, i % 13, i % 5]
-                cache.put(key, tuple(key))
-                n, v = cache.longest_prefix(key + [0])
-                assert v is None or list(v) == key[:n]
-                s = cache.stats()
-                assert s.entries <= 8 and s.resident_tokens <= 64
-        except AssertionError as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        start.wait()  # all at once: the races need contention
+        for i in range(400):
+            key = [seed, i % 13, i % 5]
+            cache.put(key, tuple(key))
+            n, v = cache.longest_prefix(key + [0])
+            assert v is None or list(v) == key[:n]
+            s = cache.stats()
+            assert s.entries <= 8 and s.resident_tokens <= 64
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(worker, t) for t in range(8)]
+    # every exception a thread raised, not only AssertionError: a race shows as a KeyError or
+    # a RuntimeError as often as a failed assertion
+    failures = [f.exception() for f in futures if f.exception() is not None]
+    if failures:
+        raise AssertionError(f"{len(failures)} of 8 threads failed: {failures!r}") from failures[0]
     s = cache.stats()
     assert s.entries <= 8 and s.resident_tokens == 3 * s.entries
