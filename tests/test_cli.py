@@ -50,9 +50,15 @@ def test_decide_answers_good_lines_and_records_bad_ones(tmp_path, engine):
     assert empty["id"] == "b" and empty["error"]["field"] == "questions"
     assert eleven["id"] == 7 and "got 11" in eleven["error"]["message"]
     assert unknown_model["error"]["type"] == "model_not_found"
-    assert "id" not in last and last["usage"]["cached_tokens"] > 0  # same state: cache hit
+    # every line reuses the system prompt pinned at start-up; only the repeated state (the last
+    # line, same state as the first) also reuses a cached state prefix
+    pinned = engine.pinned_tokens
+    assert pinned > 0
+    assert first["usage"]["cached_tokens"] == pinned
+    assert "id" not in last and last["usage"]["cached_tokens"] > pinned
     summary = out.stderr.strip().splitlines()[-1]
-    assert "lines=6" in summary and "errors=4" in summary and "cache_hits=" in summary
+    assert "lines=6" in summary and "errors=4" in summary
+    assert f"pinned_tokens={pinned} cache_hits=1 " in summary, summary
 
 
 def test_decide_reads_stdin_and_writes_stdout():
