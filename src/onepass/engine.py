@@ -102,6 +102,7 @@ class DecisionEngine:
         # tokens of the system prompt kept resident since start-up: every request's
         # cached_tokens includes them, so a state-prefix hit is cached_tokens > pinned_tokens
         self.pinned_tokens = 0
+        self._generator: Any = None
         self._pin_system()
 
     # ------------------------------------------------------------------ construction
@@ -363,6 +364,51 @@ class DecisionEngine:
         from onepass.schema import decide_schema
 
         return decide_schema(self, context, schema, **options)
+
+    # ------------------------------------------------------------------ generation
+
+    @property
+    def generator(self) -> Any:
+        """The model's :class:`~onepass.generate.runner.TextGenerator` (made on first use)."""
+        if self._generator is None:
+            from onepass.generate.runner import TextGenerator
+
+            self._generator = TextGenerator(self.backend, max_input_tokens=self.max_input_tokens)
+        return self._generator
+
+    def generate(
+        self, messages: str | Sequence[Mapping[str, Any]], *, system: str | None = None,
+        max_tokens: int | None = None, **sampling: Any,
+    ) -> Any:
+        """Chat completion from the same resident model: a
+        :class:`~onepass.generate.runner.Generation` (text, finish reason, token usage).
+
+        ``messages`` is a user message or OpenAI-style chat messages; ``sampling`` takes the
+        OpenAI field names (temperature, top_p, top_k, min_p, stop, seed, ...)."""
+        prompt, params, limit = self._generation(messages, system, max_tokens, sampling)
+        return self.generator.run(prompt, params, limit)[0]
+
+    def stream(
+        self, messages: str | Sequence[Mapping[str, Any]], *, system: str | None = None,
+        max_tokens: int | None = None, **sampling: Any,
+    ) -> Any:
+        """Like :meth:`generate`, yielding the text as it is produced."""
+        prompt, params, limit = self._generation(messages, system, max_tokens, sampling)
+        return self.generator.stream_text(prompt, params, limit)
+
+    def _generation(
+        self, messages: Any, system: str | None, max_tokens: int | None, sampling: dict
+    ) -> tuple[list[int], Any, int]:
+        from onepass.generate.sampling import SamplingParams
+
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        messages = list(messages)
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
+        params = SamplingParams.from_request({**sampling, "max_tokens": max_tokens})
+        prompt = self.generator.chat_prompt(messages)
+        return prompt, params, self.generator.output_limit(len(prompt), params.max_tokens)
 
 
 def _answer(q: Question, logits: list[float] | None, temperature: float) -> dict[str, Any]:

@@ -360,8 +360,9 @@ class TorchBackend:
         length. The prompt's last token is always left to compute: its logits are the first
         output's distribution, and the cache keeps keys/values, not logits."""
         with self._lock:
-            cached, kv = self.cache.longest_prefix(prompt[:-1]) if len(prompt) > 1 else (0, None)
-            if cached and kv is not None:
+            cached, kv = self.cache.longest_prefix(prompt)
+            cached = min(cached, len(prompt) - 1)
+            if cached > 0 and kv is not None:
                 arena.grow(table, cached)
                 arena.write(table, owner, [(k[:, :, :cached], v[:, :, :cached]) for k, v in kv])
             return cached

@@ -1,0 +1,192 @@
+"""Text generation for one resident model: prompts, output limits, and the decode scheduler.
+
+The routes, the CLI and ``DecisionEngine.generate`` all go through :class:`TextGenerator`:
+it renders chat messages with the model's own template, checks that the prompt and the output
+limit fit (input is never truncated, a limit is never raised or lowered silently), and hands
+sequences to the model's one :class:`~onepass.generate.scheduler.GenerationScheduler`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onepass.contract import ContractError
+from onepass.generate.chat import normalize_messages, plain_transcript
+from onepass.generate.sampling import SamplingParams, check_vocab
+from onepass.generate.scheduler import (
+    DEFAULT_MAX_SEQUENCES,
+    DEFAULT_STEP_TOKENS,
+    Delta,
+    Finish,
+    GenerationScheduler,
+    GenerationStream,
+    TokenInfo,
+)
+
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One finished sequence."""
+
+    text: str
+    finish_reason: str  # stop | length (cancelled/error never reach a caller as a result)
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    tokens: tuple[TokenInfo, ...] = ()
+
+
+class TextGenerator:
+    """Generation on one backend: one scheduler, one arena, the model's limits."""
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        max_input_tokens: int,
+        default_max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
+        max_waiting: int = 64,
+        on_step: Any = None,
+    ):
+        if default_max_output_tokens < 1:
+            raise ValueError("default_max_output_tokens must be at least 1")
+        self.backend = backend
+        self.max_input_tokens = max_input_tokens
+        self.default_max_output_tokens = default_max_output_tokens
+        self.scheduler = GenerationScheduler(
+            backend, max_sequences=max_sequences, step_tokens=step_tokens,
+            max_waiting=max_waiting, on_step=on_step,
+        )
+
+    @property
+    def context_length(self) -> int:
+        return min(self.backend.context_length, self.scheduler.capacity)
+
+    # ------------------------------------------------------------------ prompts
+
+    def chat_prompt(self, messages: Any, field: str = "messages") -> list[int]:
+        """Token ids of ``messages`` rendered by the model's chat template (an open
+        assistant turn at the end)."""
+        normalized = normalize_messages(messages, field)
+        if self.backend.chat_template:
+            try:
+                text = self.backend.render_chat(normalized)
+            except Exception as exc:  # the template's own refusal (e.g. role order)
+                raise ContractError(
+                    field, f"the model's chat template refused these messages: {exc}"
+                ) from None
+            return self.backend.encode(text, bos=not _starts_with_bos(self.backend, text))
+        return self.backend.encode(plain_transcript(normalized))
+
+    def text_prompt(self, prompt: Any, field: str = "prompt") -> list[int]:
+        """A completions prompt: a string, or token ids checked against the vocabulary."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ContractError(field, "expected a non-empty string or token ids")
+            return self.backend.encode(prompt)
+        if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            vocab = self.backend.vocab_size
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ContractError(field, f"token id {bad} is outside the vocabulary "
+                                    f"(0..{vocab - 1})")
+            return list(prompt)
+        raise ContractError(field, "expected a non-empty string or a non-empty array of "
+                            "token ids")
+
+    def output_limit(
+        self, prompt_tokens: int, requested: int | None, *, field: str = "max_tokens",
+        prompt_field: str = "messages",
+    ) -> int:
+        """The output limit this prompt gets: the requested one if it fits the context, else
+        a 400; the model default (capped by the room left) when none was asked for."""
+        if prompt_tokens > self.max_input_tokens:
+            raise ContractError(
+                prompt_field,
+                f"the prompt has {prompt_tokens} tokens, over the limit of "
+                f"{self.max_input_tokens} (max_input_tokens); nothing is truncated",
+                kind="max_tokens_exceeded",
+            )
+        room = self.context_length - prompt_tokens
+        if room < 1:
+            raise ContractError(
+                prompt_field,
+                f"the prompt has {prompt_tokens} tokens and leaves no room for an output "
+                f"token in the {self.context_length}-token context",
+            )
+        if requested is None:
+            return min(self.default_max_output_tokens, room)
+        if requested > room:
+            raise ContractError(
+                field,
+                f"{requested} output tokens do not fit: the prompt has {prompt_tokens} tokens "
+                f"and the context {self.context_length}, so at most {room}",
+            )
+        return requested
+
+    # ------------------------------------------------------------------ running
+
+    def start(
+        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int, n: int = 1
+    ) -> list[GenerationStream]:
+        """Submit ``n`` sequences of the same prompt (seed + i for the i-th)."""
+        check_vocab(params, self.backend.vocab_size)
+        streams: list[GenerationStream] = []
+        try:
+            for i in range(n):
+                streams.append(self.scheduler.submit(prompt, params, max_tokens, seed_offset=i))
+        except Exception:
+            for stream in streams:
+                stream.cancel()
+            raise
+        return streams
+
+    def run(
+        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int, n: int = 1
+    ) -> list[Generation]:
+        """Generate to the end (blocking); one :class:`Generation` per sequence."""
+        return [collect(s) for s in self.start(prompt, params, max_tokens, n)]
+
+    def stream_text(
+        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int
+    ) -> Iterator[str]:
+        """The text as it is generated (cancelled when the iterator is closed early)."""
+        (stream,) = self.start(prompt, params, max_tokens)
+        try:
+            for event in stream:
+                if isinstance(event, Delta) and event.text:
+                    yield event.text
+                elif isinstance(event, Finish) and event.error is not None:
+                    raise event.error
+        finally:
+            stream.cancel()
+
+
+def collect(stream: GenerationStream) -> Generation:
+    """Wait for one stream's end and join its deltas."""
+    texts: list[str] = []
+    tokens: list[TokenInfo] = []
+    for event in stream:
+        if isinstance(event, Delta):
+            texts.append(event.text)
+            tokens.extend(event.tokens)
+        else:
+            if event.error is not None:
+                raise event.error
+            return Generation("".join(texts), event.reason, event.prompt_tokens,
+                              event.completion_tokens, event.cached_tokens, tuple(tokens))
+    raise RuntimeError("the stream ended without a finish event")
+
+
+def _starts_with_bos(backend: Any, text: str) -> bool:
+    """Chat templates that write the BOS token themselves must not get a second one."""
+    bos = getattr(getattr(backend, "tokenizer", None), "bos_token", None)
+    return bool(bos) and text.startswith(bos)

@@ -1,0 +1,355 @@
+"""Continuous batching: one thread decides what runs in the next forward, for every sequence.
+
+Each step is ONE backend forward over (a) the next token of every sequence that is decoding
+and (b) prompt chunks of newly admitted sequences, under a token budget (``step_tokens``), so a
+long prompt never stalls the others for more than one bounded step. New requests are admitted
+at step boundaries while sequences and key/value rows are free; finished or cancelled ones are
+retired at once and their rows reused. A prompt starts from the longest prefix the prefix cache
+holds (shared with decisions) and, once computed, is stored there for the next request; the
+cached entry is a copy, so generated tokens never touch it.
+
+Consumers read a :class:`GenerationStream` (sync or async iteration) of :class:`Delta` events
+ending with one :class:`Finish`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from onepass.generate.sampling import SamplingParams, TokenHistory, make_generator, sample
+from onepass.generate.text import IncrementalDetokenizer, StopMatcher
+
+log = logging.getLogger("onepass.generate")
+
+DEFAULT_MAX_SEQUENCES = 8
+DEFAULT_STEP_TOKENS = 512
+
+
+class Saturated(Exception):
+    """The waiting line is full: come back later (the server answers 429)."""
+
+
+class SchedulerClosed(Exception):
+    """The scheduler is shutting down."""
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One generated token as the OpenAI logprobs fields describe it."""
+
+    id: int
+    text: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    tokens: tuple[TokenInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finish:
+    """``reason``: stop (EOS or a stop string), length, cancelled or error."""
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error: BaseException | None = None
+
+
+class GenerationStream:
+    """The events of one sequence, readable from a thread or from asyncio."""
+
+    def __init__(self) -> None:
+        self._events: deque[Delta | Finish] = deque()
+        self._cond = threading.Condition()
+        self._wakers: list[Callable[[], None]] = []
+        self.cancelled = False
+        self.first_token_at: float | None = None
+
+    def push(self, event: Delta | Finish) -> None:
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+            wakers = list(self._wakers)
+        for wake in wakers:
+            wake()
+
+    def cancel(self) -> None:
+        """Stop at the next step boundary and free the sequence's rows (client gone)."""
+        self.cancelled = True
+
+    def __iter__(self) -> Iterator[Delta | Finish]:
+        while True:
+            with self._cond:
+                while not self._events:
+                    self._cond.wait()
+                event = self._events.popleft()
+            yield event
+            if isinstance(event, Finish):
+                return
+
+    async def events(self) -> AsyncIterator[Delta | Finish]:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(ready.set)
+
+        with self._cond:
+            self._wakers.append(wake)
+        try:
+            while True:
+                with self._cond:
+                    event = self._events.popleft() if self._events else None
+                if event is None:
+                    await ready.wait()
+                    ready.clear()
+                    continue
+                yield event
+                if isinstance(event, Finish):
+                    return
+        finally:
+            with self._cond:
+                self._wakers.remove(wake)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    owner: int
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stream: GenerationStream
+    reserved: int
+    detok: IncrementalDetokenizer
+    stop: StopMatcher
+    generator: Any
+    history: TokenHistory
+    table: list[int] = field(default_factory=list)
+    computed: int = 0  # prompt tokens whose keys/values are in the arena
+    cached: int = 0
+    generated: list[int] = field(default_factory=list)
+    completion_tokens: int = 0
+
+    @property
+    def decoding(self) -> bool:
+        return self.computed == len(self.prompt)
+
+
+class GenerationScheduler:
+    """Owns the backend's generation forwards for one model (one thread, one arena)."""
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
+        arena_rows: int | None = None,
+        max_waiting: int = 64,
+        on_step: Callable[[int, int], None] | None = None,
+    ):
+        if max_sequences < 1 or step_tokens < 1 or max_waiting < 1:
+            raise ValueError("max_sequences, step_tokens and max_waiting must be positive")
+        self.backend = backend
+        self.max_sequences = max_sequences
+        self.step_tokens = step_tokens
+        self.max_waiting = max_waiting
+        self.arena = backend.new_arena(arena_rows or max_sequences * backend.context_length)
+        self.eos = backend.eos_ids
+        self.on_step = on_step
+        self._waiting: deque[_Sequence] = deque()
+        self._active: list[_Sequence] = []
+        self._reserved = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._owners = itertools.count()
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def capacity(self) -> int:
+        """The most tokens (prompt + output limit) one sequence may ever need."""
+        return self.arena.capacity
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
+               *, seed_offset: int = 0) -> GenerationStream:
+        """Queue one sequence; raises :class:`Saturated` instead of queueing without bound."""
+        if not prompt:
+            raise ValueError("a generation needs at least one prompt token")
+        need = len(prompt) + max_tokens
+        if need > self.capacity:
+            raise ValueError(f"{need} tokens do not fit the key/value arena ({self.capacity})")
+        stream = GenerationStream()
+        decode = self.backend.decode
+        seed = None if params.seed is None else params.seed + seed_offset
+        seq = _Sequence(
+            owner=next(self._owners), prompt=list(prompt), params=params,
+            max_tokens=max_tokens, stream=stream, reserved=need,
+            detok=IncrementalDetokenizer(decode, list(prompt[-4:])),
+            stop=StopMatcher(params.stop), generator=make_generator(seed),
+            history=TokenHistory(prompt),
+        )
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("the server is shutting down")
+            if len(self._waiting) >= self.max_waiting:
+                raise Saturated(
+                    f"{len(self._waiting)} generations are waiting for a slot "
+                    f"(max {self.max_waiting}); retry later"
+                )
+            self._waiting.append(seq)
+            self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="onepass-generate", daemon=True
+                )
+                self._thread.start()
+        return stream
+
+    def close(self) -> None:
+        """Finish every waiting and running sequence as cancelled and stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._active and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    for seq in [*self._waiting, *self._active]:
+                        self._finish(seq, "cancelled")
+                    self._waiting.clear()
+                    return
+                self._admit()
+            try:
+                self._step()
+            except Exception as exc:  # a fault fails the sequences of this step, not the server
+                log.error("generation step failed", exc_info=True)
+                for seq in list(self._active):
+                    self._finish(seq, "error", exc)
+
+    def _admit(self) -> None:
+        """Move waiting sequences in (first come, first served) while slots and rows last."""
+        while self._waiting and len(self._active) < self.max_sequences:
+            seq = self._waiting[0]
+            if seq.stream.cancelled:
+                self._waiting.popleft()
+                seq.stream.push(Finish("cancelled", len(seq.prompt), 0, 0))
+                continue
+            if self._reserved + seq.reserved > self.arena.capacity:
+                return
+            self._waiting.popleft()
+            self._reserved += seq.reserved
+            self._active.append(seq)
+            seq.cached = seq.computed = self.backend.load_prefix(
+                self.arena, seq.table, seq.owner, seq.prompt
+            )
+
+    def _step(self) -> None:
+        from onepass.backends.torch import StepRow
+
+        for seq in [s for s in self._active if s.stream.cancelled]:
+            self._finish(seq, "cancelled")
+        budget = self.step_tokens
+        rows, owners = [], []
+        for seq in self._active:  # every decoding sequence advances by one token
+            if seq.decoding:
+                start = len(seq.prompt) + len(seq.generated) - 1
+                rows.append(StepRow(seq.table, seq.owner, seq.generated[-1:], start))
+                owners.append(seq)
+                budget -= 1
+        for seq in self._active:  # then prompt chunks, oldest first, within the budget
+            if not seq.decoding and budget > 0:
+                chunk = seq.prompt[seq.computed : seq.computed + budget]
+                last = seq.computed + len(chunk) == len(seq.prompt)
+                rows.append(StepRow(seq.table, seq.owner, chunk, seq.computed, last))
+                owners.append(seq)
+                budget -= len(chunk)
+        if not rows:
+            return
+        logits = self.backend.step(self.arena, rows)
+        self.steps += 1
+        if self.on_step:
+            self.on_step(len(rows), sum(len(r.tokens) for r in rows))
+        for seq, row, out in zip(owners, rows, logits):
+            if not seq.decoding:
+                seq.computed += len(row.tokens)
+                if seq.decoding:
+                    self.backend.store_prefix(self.arena, seq.table, seq.prompt)
+            if out is not None:
+                self._advance(seq, out)
+
+    def _advance(self, seq: _Sequence, logits: Any) -> None:
+        """Draw the next token, emit its text, and retire the sequence when it is done."""
+        history = seq.history
+        draw = sample(logits, seq.params, history.output_counts, history.context_ids,
+                      seq.generator)
+        seq.completion_tokens += 1  # usage counts the EOS too, as the reference does
+        if seq.stream.first_token_at is None:
+            seq.stream.first_token_at = time.monotonic()
+        if draw.token in self.eos and not seq.params.ignore_eos:
+            self._release_text(seq)
+            self._finish(seq, "stop")
+            return
+        seq.generated.append(draw.token)
+        history.add(draw.token)
+        info: tuple[TokenInfo, ...] = ()
+        if seq.params.logprobs is not None:
+            decode = self.backend.decode
+            info = (TokenInfo(draw.token, decode([draw.token]), draw.logprob,
+                              tuple((decode([t]), lp) for t, lp in draw.top)),)
+        text, stopped = seq.stop.push(seq.detok.push(draw.token))
+        if text or info:
+            seq.stream.push(Delta(text, info))
+        if stopped:
+            self._finish(seq, "stop")
+        elif len(seq.generated) >= seq.max_tokens:
+            self._release_text(seq)
+            self._finish(seq, "length")
+
+    @staticmethod
+    def _release_text(seq: _Sequence) -> None:
+        """At the end, the text held back (a partial character, a possible stop string)."""
+        text, stopped = seq.stop.push(seq.detok.flush())
+        if not stopped:
+            text += seq.stop.flush()
+        if text:
+            seq.stream.push(Delta(text))
+
+    def _finish(self, seq: _Sequence, reason: str, error: BaseException | None = None) -> None:
+        """Retire ``seq`` (on the loop thread, which alone owns the arena): free its rows and
+        send its Finish."""
+        if seq in self._active:
+            self._active.remove(seq)
+            self._reserved -= seq.reserved
+            self.arena.release(seq.table)
+        seq.stream.push(
+            Finish(reason, len(seq.prompt), seq.completion_tokens, seq.cached, error)
+        )
