@@ -20,10 +20,19 @@ def engine():
     return DecisionEngine.from_pretrained()
 
 
+def running_in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
+    """The shared datasets. Missing on a laptop: the tests that need them skip, and say so.
+    Missing under ``CI=true``: a failure, so a broken CI set-up cannot pass by skipping."""
     if not DATA.exists():
-        pytest.skip(f"shared datasets not found at {DATA}")
+        message = f"shared datasets not found at {DATA} (set ONEPASS_SHARED_DIR)"
+        if running_in_ci():
+            pytest.fail(message + "; CI must run every test", pytrace=False)
+        pytest.skip(message)
     return DATA
 
 
