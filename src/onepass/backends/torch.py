@@ -350,6 +350,33 @@ class TorchBackend:
                 ids.add(tid)
         return frozenset(ids)
 
+    @torch.inference_mode()
+    def prompt_logprobs(
+        self, tokens: Sequence[int], top: int = 0, *, chunk: int = 256
+    ) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+        """Log-probability of each prompt token after the ones before it (from the second
+        token on), with the ``top`` most likely alternatives: the scoring path of
+        /v1/completions (echo + logprobs + max_tokens 0). The output projection runs in
+        chunks of rows, so a long prompt never holds a prompt x vocabulary matrix."""
+        ids = torch.tensor([list(tokens)], device=self.device)
+        with self._lock:
+            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+        out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+        for lo in range(0, len(tokens) - 1, chunk):
+            rows = self.lm_head(hidden[lo : min(lo + chunk, len(tokens) - 1)]).float()
+            if self.softcap:
+                rows = torch.tanh(rows / self.softcap) * self.softcap
+            logp = torch.log_softmax(rows, -1)
+            nxt = ids[0, lo + 1 : lo + 1 + len(rows)]
+            chosen = logp.gather(1, nxt[:, None])[:, 0].tolist()
+            if top:
+                values, best = torch.topk(logp, min(top, logp.shape[1]))
+                alts = [tuple(zip(b, v)) for b, v in zip(best.tolist(), values.tolist())]
+            else:
+                alts = [()] * len(chosen)
+            out.extend(zip(chosen, alts))
+        return out
+
     def new_arena(self, capacity: int) -> KVArena:
         return KVArena(capacity)
 
