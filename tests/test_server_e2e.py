@@ -253,7 +253,9 @@ def test_jevbench_check(server):
 
 def test_flags_env_auth_and_graceful_drain(tmp_path):
     """Second server: port from the flag beats ONEPASS_PORT, the API key and the request
-    deadline come from the environment; SIGTERM lets an in-flight request finish."""
+    deadline come from the environment; SIGTERM lets an in-flight request finish. The request
+    is provably in flight when the signal arrives: its body is held back until the server has
+    logged the drain, so it can only be answered after the signal."""
     port = free_port()
     srv = Server(tmp_path / "server.log",
                  ["--port", str(port), "--drain-seconds", "20", "--threads", "1"],
@@ -270,29 +272,51 @@ def test_flags_env_auth_and_graceful_drain(tmp_path):
             bad.models.list()
         assert httpx.get(srv.url + "/v1/models").status_code == 403
 
+        body = json.dumps({"state": STATE, "questions": {
+            f"q{i}": {"type": "noul", "instructions": f"Statement {i} holds."}
+            for i in range(6)}}).encode()
+        release = threading.Event()
         result: dict = {}
 
-        def slow_request():
-            with ts.TypeSafeClient(api_key="k-123", base_url=srv.url) as c:
-                try:
-                    result["response"] = c.system_one(state=STATE, questions={
-                        f"q{i}": ts.Noul(instructions=f"Statement {i} holds.") for i in range(6)})
-                except Exception as exc:  # reported below
-                    result["error"] = exc
+        def held_body():
+            yield body[: len(body) // 2]
+            release.wait(30)  # the rest only once the server is draining
+            yield body[len(body) // 2:]
 
-        t = threading.Thread(target=slow_request)
+        def in_flight_request():
+            try:
+                result["response"] = httpx.post(
+                    srv.url + "/v1/systemone", content=held_body(), timeout=60,
+                    headers={"authorization": "Bearer k-123",
+                             "content-type": "application/json"})
+            except Exception as exc:  # reported below
+                result["error"] = exc
+
+        t = threading.Thread(target=in_flight_request)
         t.start()
-        deadline = time.monotonic() + 20
-        while httpx.get(srv.url + "/health").json().get("in_flight", 0) < 1:
-            assert time.monotonic() < deadline, "the request never arrived"
-            time.sleep(0.02)
-        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            deadline = time.monotonic() + 20
+            while httpx.get(srv.url + "/health").json().get("in_flight", 0) < 1:
+                assert time.monotonic() < deadline, "the request never arrived"
+                time.sleep(0.02)
+            srv.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while not (draining := [r for r in srv.logs()
+                                    if r.get("msg", "").startswith("draining")]):
+                assert time.monotonic() < deadline, "the server never started draining"
+                time.sleep(0.02)
+        finally:
+            release.set()
         t.join(60)
+        # the server counted the request as in flight when the signal arrived ...
+        assert draining[0]["in_flight"] == 1, draining
+        # ... and answered it in full afterwards
         assert "error" not in result, result.get("error")
-        assert len(result["response"].answers) == 6
+        response = result["response"]
+        assert response.status_code == 200, response.text
+        assert len(response.json()["answers"]) == 6
         assert srv.proc.wait(40) == 0
         logs = srv.logs()
-        assert any(r.get("msg", "").startswith("draining") for r in logs)
         done = next(r for r in logs if r.get("msg") == "shutdown complete")
         assert done["abandoned"] == 0 and done["answered"] >= 1
     finally:
