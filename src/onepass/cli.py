@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from onepass.commands import decide, decide_schema, merge, quantize, serve, train
+from onepass.commands import decide, decide_schema, generate, merge, quantize, serve, train
 from onepass.commands import eval as evaluate
 from onepass.commands.common import CommandParser
 
@@ -19,6 +19,7 @@ COMMANDS = {
     "decide": decide,
     "serve": serve,
     "decide-schema": decide_schema,
+    "generate": generate,
     "train": train,
     "eval": evaluate,
     "merge": merge,

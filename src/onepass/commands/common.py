@@ -90,7 +90,9 @@ def non_negative_int(text: str) -> int:
     return _integer(text, 0)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, *, readout: bool = True) -> None:
+    """The flags that load a model; ``readout=False`` leaves out the decision readout's
+    ``--temperature`` (``onepass generate`` has a sampling one of its own)."""
     g = parser.add_argument_group("model")
     env_argument(
         g, "--model",
@@ -112,11 +114,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                  help="prefix cache resident tokens (default 32768; 0 disables)")
     env_argument(g, "--max-input-tokens", type=positive_int, default=8192,
                  help="refuse prompts longer than this (default 8192); nothing is truncated")
-    env_argument(g, "--temperature", type=positive_float, default=1.0,
-                 help="readout temperature over the candidate labels (finite, > 0; default 1.0)")
+    if readout:
+        env_argument(g, "--temperature", type=positive_float, default=1.0,
+                     help="readout temperature over the candidate labels (finite, > 0; "
+                     "default 1.0)")
 
 
-def engine_from_args(args: argparse.Namespace):
+def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
     from onepass.engine import DecisionEngine
 
     return DecisionEngine.from_pretrained(
@@ -128,6 +132,6 @@ def engine_from_args(args: argparse.Namespace):
         session_cache_entries=args.session_cache_entries,
         session_cache_tokens=args.session_cache_tokens,
         max_input_tokens=args.max_input_tokens,
-        temperature=args.temperature,
+        temperature=args.temperature if readout else 1.0,
         served_name=args.served_model_name,
     )

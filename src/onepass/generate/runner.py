@@ -157,17 +157,33 @@ class TextGenerator:
 
     def stream_text(
         self, prompt: Sequence[int], params: SamplingParams, max_tokens: int
-    ) -> Iterator[str]:
-        """The text as it is generated (cancelled when the iterator is closed early)."""
+    ) -> TextStream:
+        """The text as it is generated (see :class:`TextStream`)."""
         (stream,) = self.start(prompt, params, max_tokens)
+        return TextStream(stream)
+
+
+class TextStream:
+    """Iterates over the text deltas of one sequence; ``finish`` holds its :class:`Finish`
+    (reason and token usage) once the iteration ends. Closing the iterator early cancels the
+    sequence and frees its slot."""
+
+    def __init__(self, stream: GenerationStream):
+        self._stream = stream
+        self.finish: Finish | None = None
+
+    def __iter__(self) -> Iterator[str]:
         try:
-            for event in stream:
-                if isinstance(event, Delta) and event.text:
-                    yield event.text
-                elif isinstance(event, Finish) and event.error is not None:
-                    raise event.error
+            for event in self._stream:
+                if isinstance(event, Delta):
+                    if event.text:
+                        yield event.text
+                else:
+                    self.finish = event
+                    if event.error is not None:
+                        raise event.error
         finally:
-            stream.cancel()
+            self._stream.cancel()
 
 
 def collect(stream: GenerationStream) -> Generation:
