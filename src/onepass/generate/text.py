@@ -16,9 +16,9 @@ class IncrementalDetokenizer:
 
     Decoding one token alone is wrong in two ways: a multi-byte character split across tokens
     decodes to U+FFFD, and SentencePiece-style tokenizers drop a word's leading space at the
-    start of a decode. So (as vLLM and TGI do) each step decodes a short window that starts
-    before the unread tokens (`prefix`..end), subtracts the window's already emitted part
-    (`prefix`..`read`), and holds the result back while it ends with U+FFFD. Emitted tokens
+    start of a decode. So (the prefix/read offsets of vLLM and TGI) each step decodes a short
+    window, the tokens emitted last time plus the unread ones, emits what it adds to the
+    decode of the emitted part alone, and holds that back while it ends with U+FFFD. Tokens
     before the window are forgotten.
 
     `decode` is the tokenizer's decode (special tokens and space clean-up chosen by the
