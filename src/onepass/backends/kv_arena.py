@@ -79,6 +79,7 @@ class KVArena:
         """Copy a cached prefix's key/values (positions 0..n-1) into the sequence's rows."""
         n = kv[0][0].shape[2]
         slots = self.slots(table, 0, n)
+        self.prepare(int(slots.max()) + 1)  # zero what lies below first, never after
         self.claim(slots, owner, torch.arange(n))
         for layer, (k, v) in enumerate(kv):
             keys, values = self._layer(layer, k)
@@ -96,7 +97,8 @@ class KVArena:
         )
 
     def prepare(self, span: int) -> None:
-        """Zero the rows that a step's span reaches for the first time."""
+        """Zero the rows that a span reaches for the first time (before anything is written
+        there: rows below the watermark are never zeroed again)."""
         if span > self._clean:
             for t in (*self.keys, *self.values):
                 t[:, :, self._clean : span].zero_()
