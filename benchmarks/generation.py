@@ -1,0 +1,138 @@
+"""Generation speed on the embedded model. Prints ratios from one run; never a timed test.
+
+* time to first token and single-stream decode tokens/s: onepass (prefix cache off for the
+  measured prompt, greedy) against plain ``transformers`` ``model.generate`` on the same model,
+  dtype and thread count, same prompt, same number of new tokens;
+* aggregate decode throughput of 1, 4 and 8 concurrent streams (continuous batching: one
+  forward per step for every running sequence), in process or, with ``--url``, over HTTP
+  through ``/v1/chat/completions`` streaming.
+
+    .venv/bin/python benchmarks/generation.py [--tokens 64] [--threads 2] [--url http://127.0.0.1:8080]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import torch
+
+from onepass.engine import DecisionEngine
+from onepass.generate.runner import collect
+from onepass.generate.sampling import SamplingParams
+
+PROMPTS = [
+    "Write a long essay about rivers.",
+    "Explain how a bicycle works, in detail.",
+    "Tell me a long story about a lighthouse keeper.",
+    "Describe the water cycle for a ten-year-old, step by step.",
+    "Write a detailed recipe for bread.",
+    "Explain why the sky is blue, at length.",
+    "Describe a day in the life of a honey bee.",
+    "Write a long letter to a friend about a trip to the mountains.",
+]
+
+
+def hf_generate(engine: DecisionEngine, prompt: list[int], tokens: int) -> tuple[float, float]:
+    """(time to first token, decode tokens/s) of transformers' own greedy generate."""
+    model = engine.backend.model
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        ttft = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        total = time.perf_counter() - start
+    return ttft, (tokens - 1) / max(total - ttft, 1e-9)
+
+
+def onepass_single(engine: DecisionEngine, prompt: list[int], tokens: int) -> tuple[float, float]:
+    """(time to first token, decode tokens/s) through the scheduler, prefix cache cleared."""
+    engine.backend.cache.clear()
+    params = SamplingParams(temperature=0.0, ignore_eos=True)
+    start = time.monotonic()
+    (stream,) = engine.generator.start(prompt, params, tokens)
+    g = collect(stream)
+    end = time.monotonic()
+    ttft = (stream.first_token_at or end) - start
+    return ttft, (g.completion_tokens - 1) / max(end - start - ttft, 1e-9)
+
+
+def aggregate_in_process(engine: DecisionEngine, prompts: list[list[int]], tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    streams = [engine.generator.start(p, params, tokens)[0] for p in prompts]
+    total = sum(collect(s).completion_tokens for s in streams)
+    return total / (time.perf_counter() - start)
+
+
+def aggregate_http(url: str, n: int, tokens: int) -> float:
+    import httpx
+
+    counts = [0] * n
+
+    def one(i: int) -> None:
+        body = {"model": "jev-latest", "stream": True, "max_tokens": tokens, "temperature": 0,
+                "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                "ignore_eos": True}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                        counts[i] += 1
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--url", help="also measure concurrency over HTTP against this server")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    engine = DecisionEngine.from_pretrained()
+    prompts = [engine.generator.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
+    onepass_single(engine, prompts[0], 8)  # warm-up
+    hf_generate(engine, prompts[0], 8)
+
+    hf = [hf_generate(engine, prompts[0], args.tokens) for _ in range(args.repeats)]
+    op = [onepass_single(engine, prompts[0], args.tokens) for _ in range(args.repeats)]
+    hf_ttft, hf_rate = statistics.median(x[0] for x in hf), statistics.median(x[1] for x in hf)
+    op_ttft, op_rate = statistics.median(x[0] for x in op), statistics.median(x[1] for x in op)
+    print(f"single stream, {args.tokens} tokens, prompt {len(prompts[0])} tokens, "
+          f"{args.threads} threads, median of {args.repeats}")
+    print("| | time to first token | decode tokens/s |")
+    print("|---|---|---|")
+    print("| transformers generate | 1.00 | 1.00 |")
+    print(f"| onepass | {op_ttft / hf_ttft:.2f}x | {op_rate / hf_rate:.2f}x |")
+    print(f"(absolute, for orientation: transformers {hf_ttft * 1000:.0f} ms / "
+          f"{hf_rate:.1f} tok/s; onepass {op_ttft * 1000:.0f} ms / {op_rate:.1f} tok/s)")
+
+    print("\naggregate throughput (tokens/s relative to one stream)")
+    print("| streams | in process |" + (" HTTP |" if args.url else ""))
+    print("|---|---|" + ("---|" if args.url else ""))
+    base = aggregate_in_process(engine, prompts[:1], args.tokens)
+    base_http = aggregate_http(args.url, 1, args.tokens) if args.url else None
+    for n in (1, 4, 8):
+        rate = aggregate_in_process(engine, prompts[:n], args.tokens)
+        row = f"| {n} | {rate / base:.2f}x |"
+        if args.url:
+            row += f" {aggregate_http(args.url, n, args.tokens) / base_http:.2f}x |"
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
