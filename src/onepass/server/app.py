@@ -47,6 +47,7 @@ from onepass.server.context import (
     request_id,
 )
 from onepass.server.errors import ApiError, from_contract, retry_headers
+from onepass.server.routes_generation import register as register_generation
 from onepass.server.runtime import Runtime
 from onepass.server.settings import ServerSettings
 
@@ -308,6 +309,8 @@ def create_app(
             "models": [{"name": n, "description": descriptions[n],
                         "release_date": rt.release_date} for n in names],
         })
+
+    register_generation(app, rt, settings, auth)  # OpenAI chat, completions, responses
 
     # ------------------------------------------------------------------ ops routes
 

@@ -1,0 +1,612 @@
+"""OpenAI wire translation for generation: request bodies → what a route needs, and generated
+rows → the objects the official SDK parses. Pure (no web framework, no model).
+
+Three dialects share one sampler (`SamplingParams`, validated under the OpenAI field names):
+
+- Chat Completions: ``messages``, ``max_tokens``/``max_completion_tokens``, ``n``,
+  ``logprobs`` (bool) + ``top_logprobs``, ``stream`` + ``stream_options.include_usage``.
+- Completions: ``prompt`` (a string or token ids), ``echo``, ``logprobs`` (int), ``max_tokens``
+  (0 with ``echo`` scores the prompt only).
+- Responses: ``input`` (a string or message items), ``instructions``, ``max_output_tokens``,
+  ``store``, ``previous_response_id``.
+
+Every fault is a `ContractError` naming the user-facing field. A field that would change the
+answer but is not implemented (tools, response formats, ...) is refused with a 400 that says so,
+never ignored; fields that change nothing here (``user``, ``metadata``, ...) are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from onepass.contract import ContractError, _describe
+from onepass.generate.chat import ROLES, content_text
+from onepass.generate.sampling import MAX_LOGPROBS, SamplingParams
+
+MAX_CHOICES = 8
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
+MAX_METADATA_PAIRS = 16
+INPUT_ITEMS_DEFAULT_LIMIT = 20
+INPUT_ITEMS_MAX_LIMIT = 100
+
+# sampling fields every dialect takes under its OpenAI (or vLLM extension) name
+_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "stop", "ignore_eos",
+)
+# fields that change nothing in a local server (identity, bookkeeping, routing hints)
+_HARMLESS = ("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
+             "prompt_cache_retention", "parallel_tool_calls")
+_CHAT_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream",
+    "stream_options", "logprobs", "top_logprobs", *_SAMPLING, *_HARMLESS,
+})
+_COMPLETION_FIELDS = frozenset({
+    "model", "prompt", "max_tokens", "n", "stream", "stream_options", "logprobs", "echo",
+    *_SAMPLING, *_HARMLESS,
+})
+_RESPONSES_FIELDS = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "store",
+    "previous_response_id", *_SAMPLING, *_HARMLESS,
+})
+# meaningful OpenAI fields this server does not implement yet: refused, never ignored
+_NOT_YET = {
+    "tools": "function tools",
+    "tool_choice": "tool choice",
+    "functions": "functions (deprecated tools)",
+    "function_call": "function_call (deprecated tools)",
+    "response_format": "structured output (response_format)",
+    "audio": "audio output",
+    "modalities": "output modalities other than text",
+    "prediction": "predicted outputs",
+    "reasoning_effort": "reasoning effort",
+    "reasoning": "reasoning options",
+    "web_search_options": "web search",
+    "verbosity": "verbosity",
+    "max_tool_calls": "tool calls",
+    "conversation": "conversations (use previous_response_id or resend the history)",
+    "prompt": "prompt templates",
+    "text": "text formats other than plain text",
+    "include": "extra output data (include)",
+    "top_logprobs": "log-probabilities on Responses",
+    "background": "background responses",
+    "truncation": "automatic truncation (input is never truncated)",
+    "suffix": "suffix (insertion)",
+    "best_of": "best_of",
+    "store": "stored chat completions (store works on /v1/responses)",
+}
+
+
+def _not_yet(name: str, field_name: str | None = None) -> ContractError:
+    return ContractError(
+        field_name or name, f"{_NOT_YET[name]} is not supported yet by this server; "
+        "remove the field (or send its default)",
+    )
+
+
+# values of unimplemented fields that ask for nothing (what a client sends by default)
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "tools": ([],), "tool_choice": ("none", "auto"), "response_format": ({"type": "text"},),
+    "modalities": (["text"],), "include": ([],), "top_logprobs": (0,), "background": (False,),
+    "truncation": ("disabled",), "text": ({}, {"format": {"type": "text"}}),
+    "reasoning": ({}, {"effort": None}, {"effort": "none"}), "suffix": ("",), "best_of": (1,),
+    "store": (False,),
+}
+
+
+def _check_fields(body: Any, allowed: frozenset[str], route: str) -> dict[str, Any]:
+    """The body's fields, nulls and neutral values of unimplemented fields dropped; an
+    unknown field, or an unimplemented one that asks for something, is refused."""
+    if not isinstance(body, dict):
+        raise ContractError("body", f"expected a JSON object, got {_describe(body)}")
+    kept = {}
+    for key, value in body.items():
+        if value is None or (key in _NEUTRAL and value in _NEUTRAL[key]):
+            continue
+        kept[key] = value
+        if key in allowed:
+            continue
+        if key in _NOT_YET:
+            raise _not_yet(key)
+        raise ContractError(key, f"unknown field for {route}; see GET /openapi.json for the "
+                            "accepted fields")
+    return kept
+
+
+def _model(body: Mapping[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is None:
+        return None
+    if not isinstance(model, str) or not model.strip():
+        raise ContractError("model", f"expected a non-empty string, got {_describe(model)}")
+    return model
+
+
+def _bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ContractError(name, f"expected true or false, got {_describe(value)}")
+    return value
+
+
+def _int(body: Mapping[str, Any], name: str, low: int, high: int | None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    want = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        got = repr(value) if isinstance(value, float) else _describe(value)
+        raise ContractError(name, f"expected {want}, got {got}")
+    if value < low or (high is not None and value > high):
+        raise ContractError(name, f"expected {want}, got {value}")
+    return value
+
+
+def _sampling(body: Mapping[str, Any], logprobs: int | None,
+              max_tokens: int | None) -> SamplingParams:
+    fields = {k: body[k] for k in _SAMPLING if k in body}
+    return SamplingParams.from_request({**fields, "logprobs": logprobs, "max_tokens": max_tokens})
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    """``stream_options.include_usage`` (only with ``stream: true``, as OpenAI requires)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise ContractError("stream_options", "only allowed with stream: true")
+    if not isinstance(options, dict):
+        raise ContractError("stream_options", f"expected an object, got {_describe(options)}")
+    for key in options:
+        if key not in ("include_usage", "include_obfuscation"):
+            raise ContractError(f"stream_options.{key}", "unknown option; expected "
+                                "include_usage (or include_obfuscation, which has no effect)")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise ContractError("stream_options.include_usage",
+                            f"expected true or false, got {_describe(include)}")
+    return include
+
+
+def _metadata(body: Mapping[str, Any]) -> dict[str, str]:
+    meta = body.get("metadata", {})
+    if not isinstance(meta, dict) or len(meta) > MAX_METADATA_PAIRS or not all(
+        isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+        for k, v in meta.items()
+    ):
+        raise ContractError("metadata", f"expected an object of at most {MAX_METADATA_PAIRS} "
+                            "string keys (<= 64 characters) and string values (<= 512)")
+    return dict(meta)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated /v1/chat/completions body (messages are checked by the model's template)."""
+
+    model: str | None
+    messages: list[Any]
+    params: SamplingParams
+    max_tokens: int | None
+    max_tokens_field: str
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    body = _check_fields(body, _CHAT_FIELDS, "POST /v1/chat/completions")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ContractError("messages", "expected a non-empty array of messages")
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise ContractError("max_completion_tokens", "send max_completion_tokens or "
+                            "max_tokens (its older name), not both")
+    limit_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _int(body, limit_field, 1, None)
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not logprobs:
+        raise ContractError("top_logprobs", "only allowed with logprobs: true")
+    stream = _bool(body, "stream")
+    return ChatRequest(
+        model=_model(body), messages=messages,
+        params=_sampling(body, (top or 0) if logprobs else None, max_tokens),
+        max_tokens=max_tokens, max_tokens_field=limit_field,
+        n=_int(body, "n", 1, MAX_CHOICES) or 1, stream=stream,
+        include_usage=_stream_options(body, stream), logprobs=logprobs,
+    )
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated /v1/completions body. ``max_tokens == 0`` (with echo) scores the prompt."""
+
+    model: str | None
+    prompt: str | list[int]
+    params: SamplingParams
+    max_tokens: int | None
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    echo: bool
+
+    @property
+    def scoring(self) -> bool:
+        return self.max_tokens == 0
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    body = _check_fields(body, _COMPLETION_FIELDS, "POST /v1/completions")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one prompt, as the SDK may send it
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise ContractError("prompt", "one prompt per request (a string or an array of token "
+                            "ids); send several prompts as separate requests")
+    if not (isinstance(prompt, str) and prompt) and not (
+        isinstance(prompt, list) and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        raise ContractError("prompt", "expected a non-empty string or a non-empty array of "
+                            f"token ids, got {_describe(prompt)}")
+    max_tokens = _int(body, "max_tokens", 0, None)
+    echo = _bool(body, "echo")
+    if max_tokens == 0 and not echo:
+        raise ContractError("max_tokens", "expected an integer >= 1 (0 is only for scoring "
+                            "the prompt, with echo: true)")
+    logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    stream = _bool(body, "stream")
+    return CompletionRequest(
+        model=_model(body), prompt=prompt,
+        params=_sampling(body, logprobs, max_tokens), max_tokens=max_tokens,
+        n=_int(body, "n", 1, MAX_CHOICES) or 1, stream=stream,
+        include_usage=_stream_options(body, stream), logprobs=logprobs, echo=echo,
+    )
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A validated /v1/responses body. ``input_items`` are normalised message items (ids
+    added), ``messages`` the same as chat messages for the template."""
+
+    model: str | None
+    input_items: list[dict[str, Any]]
+    instructions: str | None
+    params: SamplingParams
+    max_output_tokens: int | None
+    stream: bool
+    store: bool
+    previous_response_id: str | None
+    metadata: dict[str, str]
+    user: str | None
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return [item_message(item) for item in self.input_items]
+
+
+def parse_responses(body: Any) -> ResponsesRequest:
+    body = _check_fields(body, _RESPONSES_FIELDS, "POST /v1/responses")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ContractError("instructions",
+                            f"expected a string, got {_describe(instructions)}")
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise ContractError("previous_response_id",
+                            f"expected a response id (resp_...), got {_describe(previous)}")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ContractError("user", f"expected a string, got {_describe(user)}")
+    max_output = _int(body, "max_output_tokens", 1, None)
+    stream = _bool(body, "stream")
+    _stream_options(body, stream)  # validated; include_obfuscation has no effect here
+    return ResponsesRequest(
+        model=_model(body), input_items=parse_input(body.get("input")),
+        instructions=instructions or None,
+        params=_sampling(body, None, max_output), max_output_tokens=max_output,
+        stream=stream, store=_bool(body, "store"),
+        previous_response_id=previous, metadata=_metadata(body), user=user,
+    )
+
+
+def parse_input(value: Any, field_name: str = "input") -> list[dict[str, Any]]:
+    """Responses ``input``: a string (one user message) or message items, each returned as
+    a stored item (``id``, ``type: message``, ``role``, typed text parts, ``status``)."""
+    if isinstance(value, str):
+        if not value:
+            raise ContractError(field_name, "expected a non-empty string or message items")
+        return [_message_item("user", value)]
+    if not isinstance(value, list) or not value:
+        raise ContractError(field_name, "expected a non-empty string or a non-empty array of "
+                            f"message items, got {_describe(value)}")
+    items = []
+    for i, raw in enumerate(value):
+        where = f"{field_name}[{i}]"
+        if not isinstance(raw, dict):
+            raise ContractError(where, "expected a message item {role, content}")
+        kind = raw.get("type", "message")
+        if kind != "message":
+            raise ContractError(f"{where}.type", f"{kind!r} items are not supported yet; "
+                                "this server takes message items (type 'message') only")
+        role = raw.get("role")
+        if role not in ROLES or role == "tool":
+            raise ContractError(f"{where}.role", "expected one of system, developer, user, "
+                                f"assistant, got {role!r}")
+        items.append(_message_item(role, content_text(raw.get("content"), f"{where}.content")))
+    return items
+
+
+def _message_item(role: str, text: str) -> dict[str, Any]:
+    part = "output_text" if role == "assistant" else "input_text"
+    content: dict[str, Any] = {"type": part, "text": text}
+    if role == "assistant":
+        content["annotations"] = []
+    return {"id": new_id("msg"), "type": "message", "role": role, "content": [content],
+            "status": "completed"}
+
+
+def item_message(item: Mapping[str, Any]) -> dict[str, str]:
+    """A stored message item as a chat message for the template."""
+    text = "".join(part.get("text", "") for part in item.get("content", ()))
+    return {"role": item["role"], "content": text}
+
+
+def input_items_page(
+    items: Sequence[Mapping[str, Any]], query: Mapping[str, str]
+) -> dict[str, Any]:
+    """GET /v1/responses/{id}/input_items: ``limit`` (1-100, default 20), ``order`` (desc by
+    default, as OpenAI), ``after`` / ``before`` (item ids, exclusive)."""
+    for key in query:
+        if key not in ("limit", "order", "after", "before", "include"):
+            raise ContractError(key, "unknown query parameter; expected limit, order, after "
+                                "or before")
+    raw_limit = query.get("limit", str(INPUT_ITEMS_DEFAULT_LIMIT))
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= INPUT_ITEMS_MAX_LIMIT:
+        raise ContractError("limit", f"expected an integer from 1 to {INPUT_ITEMS_MAX_LIMIT}, "
+                            f"got {raw_limit!r}")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ContractError("order", f"expected 'asc' or 'desc', got {order!r}")
+    if query.get("include"):
+        raise _not_yet("include")
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    ids = [item["id"] for item in ordered]
+    for key in ("after", "before"):
+        if key in query and query[key] not in ids:
+            raise ContractError(key, f"no input item {query[key]!r} in this response")
+    start = ids.index(query["after"]) + 1 if "after" in query else 0
+    end = ids.index(query["before"]) if "before" in query else len(ids)
+    window = ordered[start:end]
+    page = window[: int(raw_limit)]
+    return {"object": "list", "data": [dict(i) for i in page],
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(window) > len(page)}
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def new_id(prefix: str, sep: str = "_") -> str:
+    """``resp_…``/``msg_…``; chat and text completions use ``-`` (``chatcmpl-…``), as OpenAI."""
+    return f"{prefix}{sep}{uuid.uuid4().hex}"
+
+
+@dataclass
+class Choice:
+    """One finished (or, while streaming, growing) sequence in wire-neutral terms."""
+
+    text: str = ""
+    tokens: list[Any] = field(default_factory=list)  # TokenInfo
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, finishes: Sequence[Any]) -> Usage:
+        """n sequences of one prompt: the prompt counted once, completions summed."""
+        first = finishes[0]
+        return cls(first.prompt_tokens, sum(f.completion_tokens for f in finishes),
+                   first.cached_tokens)
+
+    def chat(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def responses(self) -> dict[str, Any]:
+        return {"input_tokens": self.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "output_tokens": self.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def _token_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def chat_logprobs(tokens: Iterable[Any]) -> dict[str, Any]:
+    """``choices[].logprobs`` of a chat completion (or chunk) from TokenInfo records."""
+    return {"content": [
+        {"token": t.text, "logprob": t.logprob, "bytes": _token_bytes(t.text),
+         "top_logprobs": [{"token": s, "logprob": lp, "bytes": _token_bytes(s)}
+                          for s, lp in t.top]}
+        for t in tokens
+    ], "refusal": None}
+
+
+def chat_completion(
+    cid: str, created: int, model: str, choices: Sequence[Choice], usage: Usage,
+    logprobs: bool,
+) -> dict[str, Any]:
+    return {
+        "id": cid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{
+            "index": i,
+            "message": {"role": "assistant", "content": c.text, "refusal": None},
+            "logprobs": chat_logprobs(c.tokens) if logprobs else None,
+            "finish_reason": c.finish_reason,
+        } for i, c in enumerate(choices)],
+        "usage": usage.chat(),
+        "system_fingerprint": None,
+    }
+
+
+def chat_chunk(
+    cid: str, created: int, model: str, index: int, *, role: bool = False,
+    content: str | None = None, tokens: Sequence[Any] | None = None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk``: the first of a choice carries ``delta.role``."""
+    delta: dict[str, Any] = {}
+    if role:
+        delta["role"] = "assistant"
+    if content is not None:
+        delta["content"] = content
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": index, "delta": delta,
+                         "logprobs": chat_logprobs(tokens) if tokens is not None else None,
+                         "finish_reason": finish_reason}]}
+
+
+def usage_chunk(cid: str, created: int, model: str, usage: Usage) -> dict[str, Any]:
+    """The chunk ``stream_options.include_usage`` adds before ``[DONE]``: no choices."""
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": usage.chat()}
+
+
+@dataclass
+class TextLogprobs:
+    """Completions' parallel logprob arrays; ``offset`` is where the next token's text starts
+    in the choice text."""
+
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+    offset: int = 0
+
+    def add(self, text: str, logprob: float | None, top: dict[str, float] | None) -> None:
+        self.tokens.append(text)
+        self.token_logprobs.append(logprob)
+        self.top_logprobs.append(top)
+        self.text_offset.append(self.offset)
+        self.offset += len(text)
+
+    def add_generated(self, tokens: Iterable[Any]) -> None:
+        for t in tokens:
+            self.add(t.text, t.logprob, dict(t.top))
+
+    def add_prompt(self, ids: Sequence[int], scored: Sequence[tuple[float, Any]],
+                   decode: Callable[[Sequence[int]], str]) -> None:
+        """The echoed prompt: the first token has no logprob (nothing precedes it)."""
+        for i, token in enumerate(ids):
+            if i == 0:
+                self.add(decode([token]), None, None)
+            else:
+                logprob, top = scored[i - 1]
+                self.add(decode([token]), logprob, {decode([t]): lp for t, lp in top})
+
+    def wire(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+                "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+
+    def take(self) -> dict[str, Any]:
+        """The entries so far (for one stream chunk), keeping ``offset`` running."""
+        out = self.wire()
+        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        return out
+
+
+def text_completion(
+    cid: str, created: int, model: str, texts: Sequence[str], finishes: Sequence[str | None],
+    logprobs: Sequence[TextLogprobs | None], usage: Usage | None, *, first_index: int = 0,
+) -> dict[str, Any]:
+    """A ``text_completion`` object (also each streamed chunk: one choice, ``first_index``
+    its index)."""
+    out: dict[str, Any] = {
+        "id": cid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": first_index + i, "text": text,
+                     "logprobs": lp.wire() if lp is not None else None,
+                     "finish_reason": finish}
+                    for i, (text, finish, lp) in enumerate(zip(texts, finishes, logprobs))],
+        "system_fingerprint": None,
+    }
+    if usage is not None:
+        out["usage"] = usage.chat()
+    return out
+
+
+def response_object(
+    rid: str, created: int, model: str, req: ResponsesRequest, *, status: str,
+    limit: int, output: Sequence[dict[str, Any]] = (), usage: Usage | None = None,
+    store: bool | None = None,
+) -> dict[str, Any]:
+    """A ``response`` object; ``status`` in_progress (streaming start), completed or
+    incomplete (stopped at ``max_output_tokens``: ``incomplete_details.reason`` says so)."""
+    params = req.params
+    return {
+        "id": rid, "object": "response", "created_at": created, "status": status,
+        "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
+        "model": model, "output": list(output),
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
+        else None,
+        "instructions": req.instructions, "max_output_tokens": limit,
+        "metadata": req.metadata, "parallel_tool_calls": False,
+        "previous_response_id": req.previous_response_id,
+        "temperature": params.temperature, "top_p": params.top_p,
+        "tool_choice": "none", "tools": [], "store": req.store if store is None else store,
+        "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "reasoning": None, "background": False, "user": req.user,
+        "usage": usage.responses() if usage is not None else None,
+    }
+
+
+def output_message(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """The assistant message item of a response (``status`` in_progress while streaming)."""
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": [output_text(text)] if status != "in_progress" else []}
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def response_status(finish_reason: str) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
+    """One server-sent event (``data: [DONE]`` when ``data`` is a string)."""
+    payload = data if isinstance(data, str) else json.dumps(
+        data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+DONE = sse("[DONE]")
+
+
+def error_event(message: str, kind: str, status: int) -> dict[str, Any]:
+    """The frame that reports a failure after an event stream has started (its status
+    line, 200, is already sent): the SDK raises it as an APIError."""
+    return {"error": {"message": message, "type": kind, "code": status}}

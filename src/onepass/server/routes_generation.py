@@ -1,0 +1,544 @@
+"""OpenAI-compatible generation routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}`` and
+``GET /v1/responses/{id}/input_items``.
+
+A route validates the body (:mod:`onepass.server.openai`), resolves the model before any work,
+renders and checks the prompt, then hands sequences to the model's generation scheduler. Streams
+are Server-Sent Events; a client that goes away cancels its sequences, which frees their slots
+at the next step. A failure after an event stream started is sent as a final error frame (the
+200 status line is already gone) instead of ending the stream as if the text were complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from onepass.contract import ContractError
+from onepass.generate.scheduler import Delta, Finish, GenerationStream, Saturated, SchedulerClosed
+from onepass.server import openai as W
+from onepass.server.body import read_json
+from onepass.server.context import StrictJSONResponse, log_fields, request_id
+from onepass.server.errors import STATUS_BY_KIND, ApiError, ClientGone, retry_headers
+from onepass.server.response_store import ResponseStore, Stored
+from onepass.server.runtime import Runtime
+from onepass.server.settings import ServerSettings
+
+log = logging.getLogger("onepass.server")
+
+_TAGS = ["Generation (OpenAI-compatible)"]
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Invalid or unsupported parameter (error.param names it)"},
+    404: {"description": "Unknown model, or unknown/expired stored response"},
+    413: {"description": "Prompt over max_input_tokens"},
+    429: {"description": "Generation waiting line full: retry after retry-after-ms"},
+    503: {"description": "Model loading or server shutting down"},
+}
+
+
+def _api_error(exc: ContractError) -> ApiError:
+    """A contract fault on these routes: the kind's status (model_not_found 404, prompt too
+    long 413), else 400; never the System One 422 schema path."""
+    return ApiError(STATUS_BY_KIND.get(exc.kind, 400), str(exc), exc.kind, field=exc.field)
+
+
+def _openai_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Any]:
+    """Errors in the server's envelope plus OpenAI's ``param`` and ``code``, which OpenAI
+    clients read to say which parameter was wrong."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            try:
+                return await handler(request, *args, **kwargs)
+            except ContractError as exc:
+                raise _api_error(exc) from None
+        except ApiError as exc:
+            body = exc.body(request_id(request))
+            body["error"]["param"] = exc.field
+            body["error"]["code"] = exc.kind
+            return StrictJSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+    return wrapped
+
+
+class EventStream(StreamingResponse):
+    """``text/event-stream`` that cancels its sequences however the response ends (finished,
+    client gone, or never started)."""
+
+    def __init__(self, body: AsyncIterator[bytes], streams: Sequence[GenerationStream]):
+        super().__init__(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._streams = streams
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            _cancel(self._streams)
+
+
+def _cancel(streams: Sequence[GenerationStream]) -> None:
+    for stream in streams:
+        stream.cancel()
+
+
+async def merge(
+    streams: Sequence[GenerationStream],
+) -> AsyncIterator[tuple[int, Delta | Finish]]:
+    """The events of ``streams`` as they come, tagged with the stream's index, until every
+    stream has finished."""
+    if len(streams) == 1:
+        async for event in streams[0].events():
+            yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, Delta | Finish]] = asyncio.Queue()
+
+    async def pump(i: int, stream: GenerationStream) -> None:
+        async for event in stream.events():
+            await queue.put((i, event))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, event = await queue.get()
+            if isinstance(event, Finish):
+                left -= 1
+            yield i, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _failure(finish: Finish) -> ApiError | None:
+    """A sequence that did not end normally, as the error to report (None when it did)."""
+    if finish.reason == "cancelled":
+        return ApiError.of("shutting_down", "the server shut down while generating; retry",
+                           headers=retry_headers(1.0))
+    if finish.reason == "error":
+        log.error("generation failed", exc_info=finish.error)
+        return ApiError.of("internal_error", "generation failed; it has been logged with "
+                           "this request id")
+    return None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect(
+    request: Request, streams: Sequence[GenerationStream]
+) -> tuple[list[W.Choice], list[Finish]]:
+    """Every stream to its end (non-streaming responses), cancelling all of them if the
+    client disconnects first."""
+
+    async def run() -> tuple[list[W.Choice], list[Finish]]:
+        choices = [W.Choice() for _ in streams]
+        finishes: list[Finish | None] = [None] * len(streams)
+        async for i, event in merge(streams):
+            if isinstance(event, Delta):
+                choices[i].text += event.text
+                choices[i].tokens.extend(event.tokens)
+            else:
+                error = _failure(event)
+                if error is not None:
+                    raise error
+                finishes[i] = event
+                choices[i].finish_reason = event.reason
+        return choices, [f for f in finishes if f is not None]
+
+    task = asyncio.ensure_future(run())
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            log_fields(request)["disconnected"] = "while_generating"
+            raise ClientGone()
+        return task.result()
+    finally:
+        gone.cancel()
+        task.cancel()
+        _cancel(streams)
+
+
+def _usage_log(request: Request, model: str, usage: W.Usage) -> None:
+    fields = log_fields(request)
+    fields["model"] = model
+    fields["input_tokens"] = usage.prompt_tokens
+    fields["output_tokens"] = usage.completion_tokens
+    fields["cached_tokens"] = usage.cached_tokens
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any]) -> None:
+    """Add the generation routes to ``app`` (one response store per app)."""
+    store = ResponseStore()
+
+    def resolve(model: str | None) -> tuple[Any, str]:
+        """The engine serving ``model`` and its served name: checked before any work."""
+        engine = rt.require_engine()
+        engine.check_model(model)
+        return engine, engine.served_name
+
+    def start(gen: Any, prompt: list[int], params: Any, limit: int,
+              n: int = 1) -> list[GenerationStream]:
+        try:
+            return gen.start(prompt, params, limit, n)
+        except Saturated as exc:
+            rt.metrics.shed.labels("queue_full").inc()
+            raise ApiError.of("overloaded", str(exc), headers=retry_headers(1.0)) from None
+        except SchedulerClosed:
+            rt.metrics.shed.labels("shutting_down").inc()
+            raise ApiError.of("shutting_down", "the server is shutting down",
+                              headers=retry_headers(1.0)) from None
+
+    async def error_frames(exc: BaseException, request: Request) -> AsyncIterator[bytes]:
+        if isinstance(exc, ApiError):
+            error = exc
+        else:
+            log.error("generation stream failed", exc_info=exc,
+                      extra={"fields": {"request_id": request_id(request)}})
+            error = ApiError.of("internal_error", "generation failed; it has been logged "
+                                "with this request id")
+        log_fields(request)["stream_error"] = error.kind
+        yield W.sse(W.error_event(error.message, error.kind, error.status))
+
+    # ------------------------------------------------------------------ chat
+
+    @app.post("/v1/chat/completions", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+              summary="OpenAI Chat Completions (text), streaming with stream: true")
+    @_openai_errors
+    async def chat_completions(request: Request) -> Response:
+        raw = await read_json(request, settings)
+        req = W.parse_chat(raw)
+        engine, model = resolve(req.model)
+        gen = engine.generator
+        prompt = await asyncio.to_thread(gen.chat_prompt, req.messages, "messages")
+        limit = gen.output_limit(len(prompt), req.max_tokens, field=req.max_tokens_field,
+                                 prompt_field="messages")
+        streams = start(gen, prompt, req.params, limit, req.n)
+        cid, created = W.new_id("chatcmpl", "-"), int(time.time())
+        if not req.stream:
+            choices, finishes = await collect(request, streams)
+            usage = W.Usage.of(finishes)
+            _usage_log(request, model, usage)
+            return StrictJSONResponse(
+                W.chat_completion(cid, created, model, choices, usage, req.logprobs))
+
+        async def events() -> AsyncIterator[bytes]:
+            finishes: list[Finish] = []
+            try:
+                for i in range(req.n):
+                    yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
+                async for i, event in merge(streams):
+                    if isinstance(event, Delta):
+                        yield W.sse(W.chat_chunk(
+                            cid, created, model, i, content=event.text,
+                            tokens=event.tokens if req.logprobs else None))
+                        continue
+                    error = _failure(event)
+                    if error is not None:
+                        raise error
+                    finishes.append(event)
+                    yield W.sse(W.chat_chunk(cid, created, model, i,
+                                             finish_reason=event.reason))
+                usage = W.Usage.of(finishes)
+                _usage_log(request, model, usage)
+                if req.include_usage:
+                    yield W.sse(W.usage_chunk(cid, created, model, usage))
+            except Exception as exc:  # the status line is sent: report it in the stream
+                async for frame in error_frames(exc, request):
+                    yield frame
+            finally:
+                _cancel(streams)
+            yield W.DONE
+
+        return EventStream(events(), streams)
+
+    # ------------------------------------------------------------------ completions
+
+    @app.post("/v1/completions", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+              summary="OpenAI Completions: text or token-id prompt; max_tokens 0 with echo "
+              "and logprobs scores the prompt")
+    @_openai_errors
+    async def completions(request: Request) -> Response:
+        raw = await read_json(request, settings)
+        req = W.parse_completion(raw)
+        engine, model = resolve(req.model)
+        gen, backend = engine.generator, engine.backend
+        ids = await asyncio.to_thread(gen.text_prompt, req.prompt, "prompt")
+        if req.scoring:
+            _check_scoring_prompt(gen, len(ids))
+            limit = 0
+        else:
+            limit = gen.output_limit(len(ids), req.max_tokens, field="max_tokens",
+                                     prompt_field="prompt")
+        echoed: W.TextLogprobs | None = None
+        echo_text = ""
+        if req.echo:
+            echo_text = req.prompt if isinstance(req.prompt, str) else backend.decode(ids)
+            if req.logprobs is not None:
+                top = req.logprobs
+                scored = await rt.run(request, lambda: backend.prompt_logprobs(ids, top))
+                echoed = W.TextLogprobs()
+                echoed.add_prompt(ids, scored, backend.decode)
+                echoed.offset = len(echo_text)
+        cid, created = W.new_id("cmpl", "-"), int(time.time())
+
+        def fresh_logprobs() -> W.TextLogprobs | None:
+            if req.logprobs is None:
+                return None
+            lp = W.TextLogprobs()
+            if echoed is not None:
+                lp.tokens, lp.token_logprobs = list(echoed.tokens), list(echoed.token_logprobs)
+                lp.top_logprobs, lp.text_offset = list(echoed.top_logprobs), list(
+                    echoed.text_offset)
+            lp.offset = len(echo_text)
+            return lp
+
+        if req.scoring:
+            usage = W.Usage(len(ids), 0, 0)
+            _usage_log(request, model, usage)
+            body = W.text_completion(cid, created, model, [echo_text] * req.n,
+                                     ["length"] * req.n,
+                                     [fresh_logprobs() for _ in range(req.n)], usage)
+            if not req.stream:
+                return StrictJSONResponse(body)
+            return EventStream(_replay_completion(body, req.include_usage), [])
+
+        streams = start(gen, ids, req.params, limit, req.n)
+        if not req.stream:
+            choices, finishes = await collect(request, streams)
+            usage = W.Usage.of(finishes)
+            _usage_log(request, model, usage)
+            logprobs = []
+            for choice in choices:
+                lp = fresh_logprobs()
+                if lp is not None:
+                    lp.add_generated(choice.tokens)
+                logprobs.append(lp)
+            return StrictJSONResponse(W.text_completion(
+                cid, created, model, [echo_text + c.text for c in choices],
+                [c.finish_reason for c in choices], logprobs, usage))
+
+        async def events() -> AsyncIterator[bytes]:
+            finishes: list[Finish] = []
+            running = [fresh_logprobs() for _ in range(req.n)]
+            try:
+                if req.echo:
+                    for i in range(req.n):
+                        lp = running[i]
+                        yield W.sse(W.text_completion(
+                            cid, created, model, [echo_text], [None],
+                            [_take(lp)], None, first_index=i))
+                async for i, event in merge(streams):
+                    lp = running[i]
+                    if isinstance(event, Delta):
+                        if lp is not None:
+                            lp.add_generated(event.tokens)
+                        yield W.sse(W.text_completion(cid, created, model, [event.text],
+                                                      [None], [_take(lp)], None,
+                                                      first_index=i))
+                        continue
+                    error = _failure(event)
+                    if error is not None:
+                        raise error
+                    finishes.append(event)
+                    yield W.sse(W.text_completion(cid, created, model, [""], [event.reason],
+                                                  [None], None, first_index=i))
+                usage = W.Usage.of(finishes)
+                _usage_log(request, model, usage)
+                if req.include_usage:
+                    yield W.sse(W.text_completion(cid, created, model, [], [], [], usage))
+            except Exception as exc:
+                async for frame in error_frames(exc, request):
+                    yield frame
+            finally:
+                _cancel(streams)
+            yield W.DONE
+
+        return EventStream(events(), streams)
+
+    def _check_scoring_prompt(gen: Any, n: int) -> None:
+        """Scoring reads the prompt only: it must fit max_input_tokens and the context."""
+        if n > gen.max_input_tokens:
+            raise ContractError(
+                "prompt", f"the prompt has {n} tokens, over the limit of {gen.max_input_tokens} "
+                "(max_input_tokens); nothing is truncated", kind="max_tokens_exceeded")
+        if n > gen.backend.context_length:
+            raise ContractError("prompt", f"the prompt has {n} tokens, over the model's "
+                                f"{gen.backend.context_length}-token context")
+
+    # ------------------------------------------------------------------ responses
+
+    @app.post("/v1/responses", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+              summary="OpenAI Responses (text): streaming lifecycle events, store, "
+              "previous_response_id")
+    @_openai_errors
+    async def responses(request: Request) -> Response:
+        raw = await read_json(request, settings)
+        req = W.parse_responses(raw)
+        engine, model = resolve(req.model)
+        history: list[dict[str, str]] = []
+        if req.previous_response_id is not None:
+            previous = store.get(req.previous_response_id)
+            if previous is None:
+                raise ApiError.of(
+                    "not_found", f"previous_response_id: no stored response "
+                    f"{req.previous_response_id!r} (unknown, expired after "
+                    f"{store.max_age:g} s, evicted or deleted; only responses created with "
+                    "store: true are kept)", field="previous_response_id")
+            if previous.model != model:
+                raise ApiError(400, f"previous_response_id: {req.previous_response_id!r} "
+                               f"was made by model {previous.model!r}, not {model!r}; a "
+                               "conversation continues on the same model",
+                               "invalid_request_error", field="previous_response_id")
+            history = list(previous.history)
+        conversation = history + req.messages
+        messages = ([{"role": "system", "content": req.instructions}] if req.instructions
+                    else []) + conversation
+        gen = engine.generator
+        prompt = await asyncio.to_thread(gen.chat_prompt, messages, "input")
+        limit = gen.output_limit(len(prompt), req.max_output_tokens, field="max_output_tokens",
+                                 prompt_field="input")
+        streams = start(gen, prompt, req.params, limit)
+        rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
+
+        def finished(text: str, finish: Finish) -> dict[str, Any]:
+            usage = W.Usage.of([finish])
+            _usage_log(request, model, usage)
+            status = W.response_status(finish.reason)
+            body = W.response_object(rid, created, model, req, status=status, limit=limit,
+                                     output=[W.output_message(item_id, text, status)],
+                                     usage=usage)
+            if req.store:
+                entry = Stored(body, model, req.input_items,
+                               conversation + [{"role": "assistant", "content": text}])
+                if not store.put(rid, entry):
+                    body["store"] = False  # too large to keep: say so, never pretend
+            return body
+
+        if not req.stream:
+            choices, finishes = await collect(request, streams)
+            return StrictJSONResponse(finished(choices[0].text, finishes[0]))
+
+        async def events() -> AsyncIterator[bytes]:
+            seq = 0
+
+            def event(kind: str, **data: Any) -> bytes:
+                nonlocal seq
+                frame = W.sse({"type": kind, "sequence_number": seq, **data}, event=kind)
+                seq += 1
+                return frame
+
+            start_obj = W.response_object(rid, created, model, req, status="in_progress",
+                                          limit=limit)
+            text = ""
+            try:
+                yield event("response.created", response=start_obj)
+                yield event("response.in_progress", response=start_obj)
+                place = {"item_id": item_id, "output_index": 0}
+                yield event("response.output_item.added", output_index=0,
+                            item=W.output_message(item_id, "", "in_progress"))
+                yield event("response.content_part.added", **place, content_index=0,
+                            part=W.output_text(""))
+                async for _, ev in merge(streams):
+                    if isinstance(ev, Delta):
+                        if ev.text:
+                            text += ev.text
+                            yield event("response.output_text.delta", **place, content_index=0,
+                                        delta=ev.text, logprobs=[])
+                        continue
+                    error = _failure(ev)
+                    if error is not None:
+                        raise error
+                    body = finished(text, ev)
+                    yield event("response.output_text.done", **place, content_index=0,
+                                text=text, logprobs=[])
+                    yield event("response.content_part.done", **place, content_index=0,
+                                part=W.output_text(text))
+                    yield event("response.output_item.done", output_index=0,
+                                item=body["output"][0])
+                    yield event(f"response.{body['status']}", response=body)
+            except Exception as exc:
+                error = exc if isinstance(exc, ApiError) else ApiError.of(
+                    "internal_error", "generation failed; it has been logged with this "
+                    "request id")
+                if not isinstance(exc, ApiError):
+                    log.error("responses stream failed", exc_info=exc)
+                log_fields(request)["stream_error"] = error.kind
+                yield event("error", code=error.kind, message=error.message, param=None)
+                failed = {**start_obj, "status": "failed",
+                          "error": {"code": "server_error", "message": error.message}}
+                yield event("response.failed", response=failed)
+            finally:
+                _cancel(streams)
+
+        return EventStream(events(), streams)
+
+    # ------------------------------------------------------------------ stored responses
+
+    def stored(rid: str) -> Stored:
+        rt.require_engine()
+        entry = store.get(rid)
+        if entry is None:
+            raise ApiError.of("not_found", f"no stored response {rid!r}: unknown, expired "
+                              f"(kept {store.max_age:g} s), evicted or deleted; only "
+                              "responses created with store: true are kept", field="response_id")
+        return entry
+
+    @app.get("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+             summary="A stored response")
+    @_openai_errors
+    async def get_response(request: Request, response_id: str) -> Response:
+        return StrictJSONResponse(stored(response_id).response)
+
+    @app.delete("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS,
+                responses=_ERRORS, summary="Delete a stored response")
+    @_openai_errors
+    async def delete_response(request: Request, response_id: str) -> Response:
+        stored(response_id)
+        store.delete(response_id)
+        return StrictJSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    @app.get("/v1/responses/{response_id}/input_items", dependencies=auth, tags=_TAGS,
+             responses=_ERRORS, summary="The input items of a stored response (limit, order, "
+             "after, before)")
+    @_openai_errors
+    async def input_items(request: Request, response_id: str) -> Response:
+        entry = stored(response_id)
+        return StrictJSONResponse(
+            W.input_items_page(entry.input_items, dict(request.query_params)))
+
+
+def _take(lp: W.TextLogprobs | None) -> W.TextLogprobs | None:
+    """A chunk's share of the running logprobs (None when not asked for)."""
+    if lp is None:
+        return None
+    chunk = W.TextLogprobs()
+    part = lp.take()
+    chunk.tokens, chunk.token_logprobs = part["tokens"], part["token_logprobs"]
+    chunk.top_logprobs, chunk.text_offset = part["top_logprobs"], part["text_offset"]
+    return chunk
+
+
+async def _replay_completion(body: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
+    """A scoring result as a stream: one chunk per choice, then usage and [DONE]."""
+    for choice in body["choices"]:
+        yield W.sse({**body, "choices": [choice], "usage": None})
+    if include_usage:
+        yield W.sse({**body, "choices": []})
+    yield W.DONE
