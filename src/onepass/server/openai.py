@@ -432,8 +432,11 @@ class Usage:
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def responses(self) -> dict[str, Any]:
+        # cache_write_tokens counts explicit cache writes (OpenAI's prompt_cache_options);
+        # there are none here: the prefix cache is implicit, like OpenAI's default caching
         return {"input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "input_tokens_details": {"cached_tokens": self.cached_tokens,
+                                         "cache_write_tokens": 0},
                 "output_tokens": self.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
