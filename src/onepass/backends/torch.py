@@ -382,13 +382,14 @@ class TorchBackend:
 
     @torch.inference_mode()
     def load_prefix(self, arena: KVArena, table: list[int], owner: int,
-                    prompt: Sequence[int]) -> int:
+                    prompt: Sequence[int], *, keep_last: bool = True) -> int:
         """Copy the longest cached prefix of ``prompt`` into the sequence's rows; returns its
-        length. The prompt's last token is always left to compute: its logits are the first
-        output's distribution, and the cache keeps keys/values, not logits."""
+        length. With ``keep_last`` the prompt's last token is always left to compute (a
+        generation needs its logits, and the cache keeps keys/values, not logits)."""
         with self._lock:
-            cached, kv = self.cache.longest_prefix(prompt)
-            cached = min(cached, len(prompt) - 1)
+            cached, kv = self.cache.longest_prefix(prompt) if prompt else (0, None)
+            if keep_last:
+                cached = min(cached, len(prompt) - 1)
             if cached > 0 and kv is not None:
                 arena.grow(table, cached)
                 arena.write(table, owner, [(k[:, :, :cached], v[:, :, :cached]) for k, v in kv])
@@ -405,47 +406,61 @@ class TorchBackend:
     def step(self, arena: KVArena, rows: Sequence[StepRow]) -> list[torch.Tensor | None]:
         """ONE forward over the next tokens of several sequences living in ``arena``.
 
-        Row ``i`` writes ``rows[i].tokens`` at positions ``start, start+1, ...`` of its
-        sequence; each query sees only its own sequence's rows up to its own position (and
-        within the sliding window on local-attention layers). Returns, per row that asks, the
-        float32 full-vocabulary logits at its last token.
+        Row ``i`` writes ``rows[i].tokens`` at positions ``start, start+1, ...`` of its owner;
+        each query sees its own owner's rows (and its ``parent``'s: a decision suffix sees its
+        shared prefix) up to its own position, within the sliding window on local-attention
+        layers. Returns, per row that asks, the final hidden state at its last token (project
+        it with :meth:`vocab_logits` or :meth:`candidate_logits`).
         """
         ids = [t for r in rows for t in r.tokens]
         if not ids:
             return [None] * len(rows)
         with self._lock:
+            def per_token(value: Any) -> torch.Tensor:
+                return torch.cat([torch.full((len(r.tokens),), value(r)) for r in rows])
+
             positions = torch.cat([torch.arange(r.start, r.start + len(r.tokens)) for r in rows])
-            owners = torch.cat([torch.full((len(r.tokens),), r.owner) for r in rows])
+            owners = per_token(lambda r: r.owner)
+            parents = per_token(lambda r: r.owner if r.parent is None else r.parent)
             for r in rows:
                 arena.grow(r.table, r.start + len(r.tokens))
             slots = torch.cat([arena.slots(r.table, r.start, len(r.tokens)) for r in rows])
             arena.claim(slots, owners, positions)
-            # keys beyond the highest block of this step's sequences are nobody's business here
-            span = max((max(r.table) + 1) * arena.block for r in rows)
+            # only rows of this step's owners (and parents) matter: the span ends at their
+            # highest block
+            span = max((max(t) + 1) * arena.block for r in rows for t in (r.table, r.parent_table)
+                       if t)
             arena.prepare(span)
             key_owner, key_pos = arena.owner[:span], arena.position[:span]
-            allowed = (key_owner[None, :] == owners[:, None]) & (
-                key_pos[None, :] <= positions[:, None]
+            visible = (key_owner[None, :] == owners[:, None]) | (
+                key_owner[None, :] == parents[:, None]
             )
-            mask = self._layer_masks(allowed, key_pos, positions)
+            allowed = visible & (key_pos[None, :] <= positions[:, None])
             out = self.decoder(
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=positions[None].to(self.device),
-                attention_mask=mask,
+                attention_mask=self._layer_masks(allowed, key_pos, positions),
                 cache=ArenaCache(arena, slots.to(self.device), span),
                 use_cache=True,
             )
             hidden = out.last_hidden_state[0]
             ends = torch.tensor([len(r.tokens) for r in rows]).cumsum(0) - 1
-            wanted = [i for i, r in enumerate(rows) if r.logits]
-            result: list[torch.Tensor | None] = [None] * len(rows)
-            if wanted:
-                logits = self.lm_head(hidden[ends[wanted].to(hidden.device)]).float()
-                if self.softcap:
-                    logits = torch.tanh(logits / self.softcap) * self.softcap
-                for i, row in zip(wanted, logits):
-                    result[i] = row
-            return result
+            return [hidden[int(e)] if r.logits else None for r, e in zip(rows, ends)]
+
+    @torch.inference_mode()
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 full-vocabulary logits of final hidden states (rows)."""
+        logits = self.lm_head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    @torch.inference_mode()
+    def candidate_logits(
+        self, hidden: torch.Tensor, candidates: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Logits of each row's candidate tokens only (the decision readout)."""
+        return self._candidate_logits(hidden, candidates)
 
     def _layer_masks(
         self, allowed: torch.Tensor, key_pos: torch.Tensor, query_pos: torch.Tensor
@@ -537,6 +552,8 @@ class StepRow:
     tokens: Sequence[int]
     start: int
     logits: bool = True
+    parent: int | None = None  # another owner whose rows these queries also see
+    parent_table: Sequence[int] = ()
 
 
 def packing_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:

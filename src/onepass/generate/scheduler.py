@@ -21,8 +21,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from onepass.generate.sampling import SamplingParams, TokenHistory, make_generator, sample
 from onepass.generate.text import IncrementalDetokenizer, StopMatcher
@@ -148,8 +151,37 @@ class _Sequence:
         return self.computed == len(self.prompt)
 
 
+@dataclass(eq=False)
+class _Decision:
+    """One decision request: a shared prefix and question suffixes, candidate logits out.
+
+    The prefix is owned by ``owner``; each suffix has its own owner whose queries also see the
+    prefix (``parent``), so suffixes never see each other, exactly as in the packed forward of
+    :meth:`TorchBackend.score`. Suffixes can ride in the same step as the prefix's last chunk."""
+
+    prefix: list[int]
+    suffixes: list[list[int]]
+    candidates: list[list[int]]
+    owner: int
+    suffix_owners: list[int]
+    reserved: int
+    future: Future = field(default_factory=Future)
+    table: list[int] = field(default_factory=list)
+    suffix_tables: list[list[int]] = field(default_factory=list)
+    computed: int = 0
+    cached: int = 0
+    scheduled: int = 0  # suffixes sent to a step so far
+    results: dict[int, list[float]] = field(default_factory=dict)
+
+
+def _blocks(tokens: int, block: int) -> int:
+    """Rows ``tokens`` positions occupy in the arena (whole blocks)."""
+    return -(-tokens // block) * block
+
+
 class GenerationScheduler:
-    """Owns the backend's generation forwards for one model (one thread, one arena)."""
+    """Owns the model's forwards for generation AND decisions (one thread, one arena): every
+    step packs decode tokens, decision prefixes/suffixes and prompt chunks into one forward."""
 
     def __init__(
         self,
@@ -172,6 +204,8 @@ class GenerationScheduler:
         self.on_step = on_step
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
+        self._decisions_waiting: deque[_Decision] = deque()
+        self._decisions: list[_Decision] = []
         self._reserved = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -207,7 +241,7 @@ class GenerationScheduler:
         seed = None if params.seed is None else params.seed + seed_offset
         seq = _Sequence(
             owner=next(self._owners), prompt=list(prompt), params=params,
-            max_tokens=max_tokens, stream=stream, reserved=need,
+            max_tokens=max_tokens, stream=stream, reserved=_blocks(need, self.arena.block),
             detok=IncrementalDetokenizer(decode, list(prompt[-4:])),
             stop=StopMatcher(params.stop), generator=make_generator(seed),
             history=TokenHistory(prompt),
@@ -222,12 +256,48 @@ class GenerationScheduler:
                 )
             self._waiting.append(seq)
             self._cond.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="onepass-generate", daemon=True
-                )
-                self._thread.start()
+            self._ensure_thread()
         return stream
+
+    def score(
+        self,
+        prefix: Sequence[int],
+        suffixes: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[int]],
+    ) -> Any:
+        """The backend protocol's ``score``, run inside the shared steps: blocks until the
+        candidate logits are ready. Concurrent callers are packed into the same forwards."""
+        from onepass.backends.base import ScoreResult
+
+        if len(suffixes) != len(candidates):
+            raise ValueError("one candidate list per suffix is needed")
+        if not suffixes:
+            return ScoreResult([], 0)
+        if any(len(x) == 0 for x in suffixes):
+            raise ValueError("every suffix needs at least one token")
+        block = self.arena.block
+        reserved = _blocks(len(prefix), block) + sum(_blocks(len(x), block) for x in suffixes)
+        if reserved > self.capacity:
+            raise ValueError(f"{reserved} rows do not fit the key/value arena ({self.capacity})")
+        task = _Decision(
+            prefix=list(prefix), suffixes=[list(x) for x in suffixes],
+            candidates=[list(c) for c in candidates], owner=next(self._owners),
+            suffix_owners=[next(self._owners) for _ in suffixes], reserved=reserved,
+        )
+        task.suffix_tables = [[] for _ in suffixes]
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("the server is shutting down")
+            self._decisions_waiting.append(task)
+            self._cond.notify()
+            self._ensure_thread()
+        logits = task.future.result()
+        return ScoreResult(logits, task.cached)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="onepass-steps", daemon=True)
+            self._thread.start()
 
     def close(self) -> None:
         """Finish every waiting and running sequence as cancelled and stop the thread."""
@@ -240,23 +310,42 @@ class GenerationScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._active and not self._closed:
+                while not self._idle_ends() and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     for seq in [*self._waiting, *self._active]:
                         self._finish(seq, "cancelled")
                     self._waiting.clear()
+                    for task in [*self._decisions_waiting, *self._decisions]:
+                        self._settle(task, SchedulerClosed("the server is shutting down"))
+                    self._decisions_waiting.clear()
                     return
                 self._admit()
             try:
                 self._step()
-            except Exception as exc:  # a fault fails the sequences of this step, not the server
-                log.error("generation step failed", exc_info=True)
+            except Exception as exc:  # a fault fails the work of this step, not the server
+                log.error("step failed", exc_info=True)
                 for seq in list(self._active):
                     self._finish(seq, "error", exc)
+                for task in list(self._decisions):
+                    self._settle(task, exc)
+
+    def _idle_ends(self) -> bool:
+        return bool(self._waiting or self._active or self._decisions_waiting or self._decisions)
 
     def _admit(self) -> None:
-        """Move waiting sequences in (first come, first served) while slots and rows last."""
+        """Move waiting work in (first come, first served) while slots and rows last:
+        decisions first (one short step each), then generation sequences."""
+        while self._decisions_waiting:
+            task = self._decisions_waiting[0]
+            if self._reserved + task.reserved > self.arena.capacity:
+                break
+            self._decisions_waiting.popleft()
+            self._reserved += task.reserved
+            self._decisions.append(task)
+            task.cached = task.computed = self.backend.load_prefix(
+                self.arena, task.table, task.owner, task.prefix, keep_last=False
+            )
         while self._waiting and len(self._active) < self.max_sequences:
             seq = self._waiting[0]
             if seq.stream.cancelled:
@@ -285,6 +374,8 @@ class GenerationScheduler:
                 rows.append(StepRow(seq.table, seq.owner, seq.generated[-1:], start))
                 owners.append(seq)
                 budget -= 1
+        for task in self._decisions:  # then decisions: prefix rest, then suffixes
+            budget = self._plan_decision(task, rows, owners, budget, first=not rows)
         for seq in self._active:  # then prompt chunks, oldest first, within the budget
             if not seq.decoding and budget > 0:
                 chunk = seq.prompt[seq.computed : seq.computed + budget]
@@ -294,17 +385,81 @@ class GenerationScheduler:
                 budget -= len(chunk)
         if not rows:
             return
-        logits = self.backend.step(self.arena, rows)
+        hidden = self.backend.step(self.arena, rows)
         self.steps += 1
         if self.on_step:
             self.on_step(len(rows), sum(len(r.tokens) for r in rows))
-        for seq, row, out in zip(owners, rows, logits):
+        wanted = [i for i, h in enumerate(hidden)
+                  if h is not None and not isinstance(owners[i], _Decision)]
+        logits = self.backend.vocab_logits(torch.stack([hidden[i] for i in wanted])) if wanted \
+            else None
+        rows_logits = dict(zip(wanted, logits)) if logits is not None else {}
+        for i, (seq, row) in enumerate(zip(owners, rows)):
+            if isinstance(seq, _Decision):
+                self._absorb_decision(seq, row, hidden[i])
+                continue
             if not seq.decoding:
                 seq.computed += len(row.tokens)
                 if seq.decoding:
                     self.backend.store_prefix(self.arena, seq.table, seq.prompt)
-            if out is not None:
-                self._advance(seq, out)
+            if i in rows_logits:
+                self._advance(seq, rows_logits[i])
+
+    def _plan_decision(self, task: _Decision, rows: list, owners: list, budget: int,
+                       first: bool) -> int:
+        """Add the task's next rows to this step within ``budget``; returns what is left."""
+        from onepass.backends.torch import StepRow
+
+        if task.computed < len(task.prefix):
+            if budget <= 0:
+                return budget
+            chunk = task.prefix[task.computed : task.computed + budget]
+            rows.append(StepRow(task.table, task.owner, chunk, task.computed, False))
+            owners.append(task)
+            budget -= len(chunk)
+            first = False
+            if task.computed + len(chunk) < len(task.prefix):
+                return budget
+        while task.scheduled < len(task.suffixes):
+            i = task.scheduled
+            suffix = task.suffixes[i]
+            if len(suffix) > budget and not first:  # a lone oversized suffix still runs
+                break
+            rows.append(StepRow(task.suffix_tables[i], task.suffix_owners[i], suffix,
+                                len(task.prefix), True, task.owner, task.table))
+            owners.append(task)
+            budget -= len(suffix)
+            task.scheduled += 1
+            first = False
+        return budget
+
+    def _absorb_decision(self, task: _Decision, row: Any, hidden: Any) -> None:
+        if row.owner == task.owner:  # a prefix chunk
+            task.computed += len(row.tokens)
+            if task.computed == len(task.prefix) and task.cached < len(task.prefix):
+                self.backend.store_prefix(self.arena, task.table, task.prefix)
+            return
+        i = task.suffix_owners.index(row.owner)
+        task.results[i] = self.backend.candidate_logits(hidden[None], [task.candidates[i]])[0]
+        self.arena.release(task.suffix_tables[i])
+        if len(task.results) == len(task.suffixes):
+            self._settle(task)
+
+    def _settle(self, task: _Decision, error: BaseException | None = None) -> None:
+        """Retire a decision: free its rows and hand its logits (or error) to the caller."""
+        if task in self._decisions:
+            self._decisions.remove(task)
+            self._reserved -= task.reserved
+            self.arena.release(task.table)
+            for table in task.suffix_tables:
+                if table:
+                    self.arena.release(table)
+        if task.future.done():
+            return
+        if error is not None:
+            task.future.set_exception(error)
+        else:
+            task.future.set_result([task.results[i] for i in range(len(task.suffixes))])
 
     def _advance(self, seq: _Sequence, logits: Any) -> None:
         """Draw the next token, emit its text, and retire the sequence when it is done."""
