@@ -72,7 +72,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(g, "--log-level", default=S.DEFAULT_LOG_LEVEL, choices=S.LOG_LEVELS,
                  help=f"log level (default {S.DEFAULT_LOG_LEVEL}); logs are JSON lines on "
                  "stderr, one per API request")
+    env_argument(g, "--no-playground", action=_SwitchAction, type=_switch, default=False,
+                 help="do not serve the playground page at GET / (it is public: the page "
+                 "holds no data, and its API calls send the key you type)")
     add_model_arguments(parser)
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _switch(text: str) -> bool:
+    """An on/off environment value (ONEPASS_NO_PLAYGROUND=1); anything else is an error."""
+    value = text.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(_TRUE + _FALSE[:-1])}, "
+                                     f"got {text!r}")
+
+
+class _SwitchAction(argparse.Action):
+    """A flag without a value that can also come from the environment: ``store_true`` would
+    take any environment text (even "0") as on; this one reads it through ``_switch``."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        # given on the command line: no values; from the environment: [parsed bool]
+        setattr(namespace, self.dest, bool(values[0]) if values else True)
+
+
+def _switch_value(value: Any) -> bool:
+    """The environment path stores the converted list ([bool]); the flag stores a bool."""
+    return bool(value[0]) if isinstance(value, list) else bool(value)
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -91,6 +125,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             drain_seconds=args.drain_seconds,
             log_level=args.log_level,
             served_model_name=args.served_model_name,
+            playground=not _switch_value(args.no_playground),
         )
     except ValueError as exc:
         raise SystemExit(f"onepass serve: error: {exc}") from None

@@ -47,6 +47,7 @@ from onepass.server.context import (
     request_id,
 )
 from onepass.server.errors import ApiError, from_contract, retry_headers
+from onepass.server.playground import register as register_playground
 from onepass.server.routes_generation import register as register_generation
 from onepass.server.runtime import Runtime
 from onepass.server.settings import ServerSettings
@@ -311,6 +312,7 @@ def create_app(
         })
 
     register_generation(app, rt, settings, auth)  # OpenAI chat, completions, responses
+    register_playground(app, settings)  # GET /: the playground page (off: --no-playground)
 
     # ------------------------------------------------------------------ ops routes
 

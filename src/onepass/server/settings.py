@@ -48,6 +48,8 @@ class ServerSettings:
     log_level: str = DEFAULT_LOG_LEVEL
     # Shown by /v1/models before the model has loaded (the engine's name wins afterwards).
     served_model_name: str | None = None
+    # GET / serves the playground page (``--no-playground`` turns it off).
+    playground: bool = True
 
     def __post_init__(self) -> None:
         # every comparison is False for nan; infinities are refused explicitly (an infinite
