@@ -61,6 +61,11 @@ class KVArena:
             heapq.heappush(self._free, b)
         table.clear()
 
+    def block_rows(self, table: Sequence[int]) -> torch.Tensor:
+        """Every arena row of the blocks in ``table``."""
+        blocks = torch.tensor(list(table), dtype=torch.long)
+        return (blocks[:, None] * self.block + torch.arange(self.block)).flatten()
+
     def slots(self, table: Sequence[int], start: int, count: int) -> torch.Tensor:
         """Arena rows of positions ``start .. start + count - 1``."""
         p = torch.arange(start, start + count)

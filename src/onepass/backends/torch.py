@@ -25,8 +25,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from onepass.backends import packed_attention
 from onepass.backends.base import ScoreResult
 from onepass.backends.kv_arena import ArenaCache, KVArena
+from onepass.backends.packed_attention import Segment, Segments
 from onepass.cache import CacheStats, PrefixCache
 from onepass.models import check_family
 from onepass.quant.artifact import QuantizeError, load_quantized, read_quantization
@@ -99,8 +101,13 @@ class TorchBackend:
         # (benchmarks/engine_speed.py, CPU). Quantized weights make a pass ~4x dearer.
         self.merge_pairs = MERGE_PAIRS
         # sdpa takes a boolean mask (1 byte per entry); eager needs an additive float one
-        self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
+        attention = getattr(model.config, "_attn_implementation", "sdpa")
+        self._bool_mask = attention in ("sdpa", packed_attention.NAME)
+        if attention == "sdpa":  # same kernel, plus per-group attention in packed steps
+            model.set_attn_implementation(packed_attention.NAME)
+        self._segmented = self._bool_mask
         self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
         self.quantization: str | None = None
         self.weight_bytes = weight_bytes(model)
 
@@ -152,7 +159,8 @@ class TorchBackend:
     # ------------------------------------------------------------------ tokenizer
 
     def encode(self, text: str, *, bos: bool = True) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with self._tokenizer_lock:  # the Rust tokenizer refuses concurrent borrows
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return list(ids)
@@ -436,16 +444,54 @@ class TorchBackend:
                 key_owner[None, :] == parents[:, None]
             )
             allowed = visible & (key_pos[None, :] <= positions[:, None])
+            extra: dict[str, Any] = {}
+            segments = self._segments(arena, rows, allowed, key_pos, positions)
+            if segments is not None:
+                extra["onepass_segments"] = segments
+                mask = None
+            else:
+                mask = self._layer_masks(allowed, key_pos, positions)
             out = self.decoder(
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=positions[None].to(self.device),
-                attention_mask=self._layer_masks(allowed, key_pos, positions),
+                attention_mask=mask,
                 cache=ArenaCache(arena, slots.to(self.device), span),
                 use_cache=True,
+                **extra,
             )
             hidden = out.last_hidden_state[0]
             ends = torch.tensor([len(r.tokens) for r in rows]).cumsum(0) - 1
             return [hidden[int(e)] if r.logits else None for r, e in zip(rows, ends)]
+
+    def _segments(
+        self, arena: KVArena, rows: Sequence[StepRow], allowed: torch.Tensor,
+        key_pos: torch.Tensor, positions: torch.Tensor,
+    ) -> Segments | None:
+        """Per-group attention when dense attention over the packed span would waste most of
+        its work (a prefill-heavy step of unrelated requests); None keeps the dense mask."""
+        if not self._segmented:
+            return None
+        groups: list[list[Any]] = []  # [group id, q_lo, q_hi, tables]
+        lo = 0
+        for r in rows:  # a group's rows are consecutive: one sequence, or one decision
+            gid = r.owner if r.parent is None else r.parent
+            hi = lo + len(r.tokens)
+            if groups and groups[-1][0] == gid:
+                groups[-1][2] = hi
+                groups[-1][3].append(r.table)
+            else:
+                groups.append([gid, lo, hi, [r.table, r.parent_table]])
+            lo = hi
+        keys = [torch.cat([arena.block_rows(t) for t in tables if t]).unique()
+                for *_, tables in groups]
+        useful = sum((g[2] - g[1]) * len(k) for g, k in zip(groups, keys))
+        if allowed.numel() < max(2 * useful, 65536):
+            return None
+        return Segments([
+            Segment(q_lo, q_hi, k, int(k[-1]) - int(k[0]) + 1 == len(k),
+                    allowed[q_lo:q_hi][:, k], key_pos[k], positions[q_lo:q_hi])
+            for (_, q_lo, q_hi, _), k in zip(groups, keys)
+        ])
 
     @torch.inference_mode()
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
