@@ -60,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                  "time gets 429 with retry-after instead of a late answer (default "
                  f"{S.DEFAULT_REQUEST_DEADLINE:g}, well under the client's 10 s timeout)")
     env_argument(g, "--workers", type=int, default=S.DEFAULT_WORKERS,
-                 help=f"engine worker threads (default {S.DEFAULT_WORKERS}; forward passes are "
-                 "serialised, a 2nd worker overlaps tokenisation with compute)")
+                 help=f"decision requests prepared at once (default {S.DEFAULT_WORKERS}); their "
+                 "forwards are packed into the model's shared steps")
     env_argument(g, "--threads", type=non_negative_int, default=0,
                  help="CPU threads for the model's forward passes (default 0: the torch "
                  "default, one per core). On a CPU shared with other busy processes, 1 avoids "

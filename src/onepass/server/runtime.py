@@ -73,6 +73,9 @@ class Runtime:
         return stats() if stats else None
 
     def _set_engine(self, engine: Any) -> None:
+        share = getattr(engine, "share_steps", None)
+        if share is not None:  # concurrent decisions packed into the same forwards
+            share()
         self.release_date = _release_date(engine)
         self.startup_seconds = round(time.monotonic() - self.created, 3)
         self.engine = engine

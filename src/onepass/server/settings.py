@@ -17,7 +17,7 @@ DEFAULT_MAX_QUESTIONS = 64
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_REQUEST_DEADLINE = 5.0
 DEFAULT_DRAIN_SECONDS = 15.0
-DEFAULT_WORKERS = 1
+DEFAULT_WORKERS = 8
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_LOG_LEVEL = "info"
 
@@ -40,8 +40,8 @@ class ServerSettings:
     # A request that cannot start within this many seconds of arriving is shed with 429, well
     # before the official client's 10 s read timeout (which would re-send it).
     request_deadline: float = DEFAULT_REQUEST_DEADLINE
-    # Engine worker threads. The torch backend serialises forward passes, so 1 keeps the
-    # device busy; 2 overlaps tokenisation/rendering of one request with another's forward.
+    # Decision requests prepared at once. Their forwards run in the model's shared steps, so
+    # concurrent requests are packed into the same forwards; this bounds how many join a step.
     workers: int = DEFAULT_WORKERS
     # On SIGTERM/SIGINT: seconds in-flight requests get to finish before they are abandoned.
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
