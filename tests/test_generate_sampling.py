@@ -14,6 +14,7 @@ from onepass.generate.sampling import (
     SamplingParams,
     TokenHistory,
     apply_logit_bias,
+    apply_mask,
     apply_penalties,
     apply_temperature,
     check_vocab,
@@ -192,6 +193,43 @@ def test_logit_bias_minus_100_bans_and_plus_100_forces():
     assert 0 not in draws(banned, x, 2000)
     assert sample(x, SamplingParams(temperature=0, logit_bias={"0": -100})).token == 1
     assert set(draws(SamplingParams(logit_bias={"3": 100}), x, 500)) == {3}
+
+
+def test_mask_stage_removes_disallowed_tokens_and_none_is_identity():
+    x = torch.tensor([1.0, 3.0, 2.0, 0.5])
+    mask = torch.tensor([True, False, True, False])
+    out = apply_mask(x, mask)
+    assert kept(out) == {0, 2} and out[0] == 1.0 and out[2] == 2.0
+    assert torch.equal(x, torch.tensor([1.0, 3.0, 2.0, 0.5]))  # the input is not written
+    assert apply_mask(x, None) is x
+
+
+def test_mask_comes_after_bias_so_plus_100_cannot_force_a_forbidden_token():
+    x = torch.tensor([10.0, 9.0, 1.0, 0.0, 5.0])
+    mask = torch.tensor([False, True, True, False, False])
+    forced = {"3": 100, "0": 100}
+    assert sample(x, SamplingParams(temperature=0, logit_bias=forced), mask=mask).token == 1
+    hot = SamplingParams(temperature=2.0, top_k=4, top_p=0.99, min_p=0.01, logit_bias=forced)
+    gen = make_generator(0)
+    assert {sample(x, hot, generator=gen, mask=mask).token for _ in range(500)} <= {1, 2}
+    biased = SamplingParams(logit_bias={"2": 100})  # bias within the mask still applies
+    gen = make_generator(0)
+    assert {sample(x, biased, generator=gen, mask=mask).token for _ in range(200)} == {2}
+
+
+def test_an_all_true_mask_changes_nothing_and_consumes_no_randomness():
+    x = torch.tensor([1.0, 0.2, -0.5, 2.0, 0.0])
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    every = torch.ones(5, dtype=torch.bool)
+    a, b = make_generator(3), make_generator(3)
+    with_mask = [sample(x, params, generator=a, mask=every).token for _ in range(100)]
+    assert with_mask == [sample(x, params, generator=b).token for _ in range(100)]
+    assert torch.equal(a.get_state(), b.get_state())
+    raw = torch.log_softmax(x, -1)
+    mask = torch.tensor([True, True, False, False, False])
+    got = sample(x, SamplingParams(temperature=0, logprobs=2), mask=mask)
+    assert got.token == 0 and got.logprob == pytest.approx(float(raw[0]))  # the model's own
+    assert [t for t, _ in got.top] == [3, 0]  # top logprobs are unmasked
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5, 1.7])

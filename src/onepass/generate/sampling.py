@@ -2,11 +2,14 @@
 
 One order for every request; a stage whose parameter is at its neutral value is skipped:
 
-    logit bias → penalties (repetition, presence, frequency) → temperature
+    logit bias → penalties (repetition, presence, frequency) → grammar mask → temperature
       → top-k → top-p → min-p → typical → draw
 
-Temperature 0 is greedy: the argmax after bias and penalties (the filters never remove the
-argmax, except typical, which greedy ignores), and it consumes no randomness. Each stage takes a
+Temperature 0 is greedy: the argmax after bias, penalties and mask (the filters never remove
+the argmax, except typical, which greedy ignores), and it consumes no randomness. The mask (a
+boolean row from a grammar matcher, see `grammar.py`) comes after every stage that shifts
+logits and before every stage that removes candidates, so a forbidden token is never chosen
+whatever the bias, and it consumes no randomness either. Each stage takes a
 1-D float logits row and returns a new one with removed tokens at -inf; the caller's tensor is
 never written. Top-k also shrinks the row to its k survivors (their token ids kept aside), so
 every later stage and the draw work over k entries instead of the whole vocabulary.
@@ -305,6 +308,13 @@ def apply_penalties(
     return logits
 
 
+def apply_mask(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Keep only the tokens where ``mask`` is True (a grammar's allowed set); the rest -inf."""
+    if mask is None:
+        return logits
+    return logits.masked_fill(~mask, -math.inf)
+
+
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Divide by a positive temperature (0 never gets here: it is greedy).
 
@@ -408,15 +418,18 @@ def sample(
     output_counts: Mapping[int, int] | None = None,
     context_ids: Sequence[int] | torch.Tensor = (),
     generator: torch.Generator | None = None,
+    mask: torch.Tensor | None = None,
 ) -> Draw:
     """Run the pipeline (module docstring) on one 1-D logits row and report the chosen token.
 
     `output_counts` and `context_ids` feed the penalties (a `TokenHistory` keeps both);
-    `generator` comes from `make_generator` (None: torch's global generator).
+    `generator` comes from `make_generator` (None: torch's global generator); `mask` is a
+    boolean row of the logits' length (True: allowed) with at least one allowed token.
     """
     raw = logits.float()
     x = apply_logit_bias(raw, params.logit_bias)
     x = apply_penalties(x, params, output_counts or {}, context_ids)
+    x = apply_mask(x, mask)
     if params.greedy:
         token = int(torch.argmax(x))
     else:
