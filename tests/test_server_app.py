@@ -334,7 +334,7 @@ def _occupy_worker(app):
 
 
 def test_saturation_sheds_with_retry_after_then_recovers(engine):
-    app = create_app(engine, ServerSettings(max_queue=1, request_deadline=0.3))
+    app = create_app(engine, ServerSettings(workers=1, max_queue=1, request_deadline=0.3))
     with TestClient(app) as c:
         gate = _occupy_worker(app)
         try:
@@ -356,7 +356,7 @@ def test_saturation_sheds_with_retry_after_then_recovers(engine):
 
 
 def test_disconnected_client_costs_no_compute(engine):
-    app = create_app(engine, ServerSettings())
+    app = create_app(engine, ServerSettings(workers=1))
     gate = _occupy_worker(app)
     sent = []
 
@@ -528,7 +528,7 @@ def test_trickled_body_times_out_with_408(engine, monkeypatch):
 
 
 def test_request_cut_by_the_drain_deadline_gets_503_and_is_counted(engine, caplog):
-    app = create_app(engine, ServerSettings())
+    app = create_app(engine, ServerSettings(workers=1))
     rt = app.state.runtime
     gate = _occupy_worker(app)
     sent = []
@@ -561,3 +561,80 @@ def test_request_cut_by_the_drain_deadline_gets_503_and_is_counted(engine, caplo
         rt.shutdown()
     (done,) = [r for r in caplog.records if r.getMessage() == "shutdown complete"]
     assert done.fields["abandoned"] == 1
+
+
+# --------------------------------------------------------------------------- decisions bounds
+
+DECISIONS = {"context": "Hotel bill, 300 EUR, conference trip.", "mode": "sequential",
+             "schema": {"type": "object", "properties": {
+                 "category": {"enum": ["meal", "travel"]},
+                 "refundable": {"type": "boolean", "description": "Is it refundable?"}}}}
+
+
+def _fan_out(depth: int) -> dict:
+    """A 3 KB schema whose references expand to 2**depth empty objects."""
+    ref = {"type": "object", "properties": {}}
+    defs = {f"L{depth}": ref}
+    for i in range(depth):
+        defs[f"L{i}"] = {"type": "object", "properties": {
+            "a": {"$ref": f"#/$defs/L{i + 1}"}, "b": {"$ref": f"#/$defs/L{i + 1}"}}}
+    return {"$defs": defs, "type": "object", "properties": {"x": {"$ref": "#/$defs/L0"}}}
+
+
+def test_decisions_are_validated_and_compiled_before_they_are_queued(engine):
+    """With the only engine worker held, refusals still come at once: nothing about them was
+    queued (before, the body waited behind the worker and was shed with 429 at the deadline,
+    or compiled for hours on the worker: depth 30 is 2**30 objects)."""
+    app = create_app(engine, ServerSettings(workers=1, max_questions=8, request_deadline=0.5))
+    with TestClient(app) as c:
+        gate = _occupy_worker(app)
+        try:
+            bomb = c.post("/v1/decisions", json={**DECISIONS, "schema": _fan_out(30)})
+            wide = c.post("/v1/decisions", json={**DECISIONS, "schema": {"properties": {
+                f"f{i}": {"type": "boolean"} for i in range(9)}}})
+            steps = c.post("/v1/decisions", json={**DECISIONS, "schema": {"properties": {"n": {
+                "type": "number", "minimum": 0, "maximum": 1e300, "multipleOf": 1e-300}}}})
+            depth = app.state.runtime.scheduler.depth
+        finally:
+            gate.set()
+    assert depth == 0
+    assert bomb.status_code == 400, bomb.text
+    assert "steps to compile" in bomb.json()["error"]["message"]
+    assert bomb.json()["error"]["field"].startswith("schema.properties.x.properties.")
+    assert wide.status_code == 413 and wide.json()["error"]["type"] == "too_many_questions"
+    assert "9 fields is over the limit of 8" in wide.json()["error"]["message"]
+    assert steps.status_code == 400 and steps.json()["error"]["field"] == "schema.properties.n"
+
+
+def test_hostile_numbers_are_client_errors_not_500(client):
+    """JSON integers past a double, steps past it, a temperature whose logits/t overflows:
+    each once raised OverflowError or produced NaN, a 500 the official client retries."""
+    huge = client.post("/v1/systemone", content=js({**GOOD, "temperature": 10**400}))
+    assert huge.status_code == 422 and huge.json()["error"]["field"] == "temperature"
+    assert "finite number" in huge.json()["error"]["message"]
+    tiny = client.post("/v1/systemone", json={**GOOD, "temperature": 1e-320})
+    assert tiny.status_code == 200 and tiny.json()["answers"]["greeting"]["noul"] in (0.0, 1.0)
+    for bad in ({"type": "number", "minimum": 0, "maximum": 1e300, "x-step": 1e-300},
+                {"type": "integer", "minimum": 0, "maximum": 10**400}):
+        r = client.post("/v1/decisions", content=js(
+            {**DECISIONS, "schema": {"properties": {"n": bad}}}))
+        assert r.status_code == 400 and r.json()["error"]["field"] == "schema.properties.n"
+    r = client.post("/v1/decisions", content=js({**DECISIONS, "temperature": 10**400}))
+    assert r.status_code == 422 and r.json()["error"]["field"] == "temperature"
+    assert_good(client)
+
+
+def test_decisions_bound_open_text_and_wall_time(client, monkeypatch):
+    from onepass import schema
+
+    wide = {**DECISIONS, "max_open_tokens": 512, "schema": {"properties": {
+        f"t{i}": {"type": "string", "x-open": True} for i in range(5)}}}
+    r = client.post("/v1/decisions", json=wide)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "max_tokens_exceeded"
+    assert r.json()["error"]["field"] == "max_open_tokens"
+    monkeypatch.setattr(schema, "MAX_DECISION_SECONDS", 0.0)  # every run is past it at once
+    r = client.post("/v1/decisions", json=DECISIONS)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    assert "time limit of 0 s per request after 0 of 2 fields" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    assert client.post("/v1/decisions", json=DECISIONS).status_code == 200
