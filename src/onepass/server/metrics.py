@@ -27,6 +27,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STEP_TOKEN_BUCKETS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048)
+FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error"})
 
 OTHER = "other"  # the one label value everything outside a fixed set collapses to
 UNMATCHED = "unmatched"  # the route label of a request no route matched
@@ -131,6 +135,51 @@ class Metrics:
             registry=r,
         )
 
+        # generation (OpenAI routes): tokens, latency, and the scheduler's occupancy
+        self.gen_prompt_tokens = Counter(
+            "onepass_generation_prompt_tokens", "Prompt tokens of finished generations "
+            "(a prompt shared by n choices counts once).", registry=r,
+        )
+        self.gen_cached_tokens = Counter(
+            "onepass_generation_cached_tokens",
+            "Prompt tokens of finished generations served from the prefix cache.", registry=r,
+        )
+        self.gen_completion_tokens = Counter(
+            "onepass_generation_completion_tokens",
+            "Tokens generated (EOS included) by finished generations.", registry=r,
+        )
+        self.gen_finished = Counter(
+            "onepass_generation_sequences", "Finished sequences by finish reason "
+            "(stop, length, cancelled, error).", ["reason"], registry=r,
+        )
+        self.ttft = Histogram(
+            "onepass_generation_time_to_first_token_seconds",
+            "From a sequence's submission to the scheduler until its first token is sampled.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.itl = Histogram(
+            "onepass_generation_inter_token_latency_seconds",
+            "Mean time between consecutive tokens of one finished sequence.",
+            buckets=ITL_BUCKETS, registry=r,
+        )
+        self.active_sequences = Gauge(
+            "onepass_generation_active_sequences",
+            "Sequences holding a generation slot (prefilling or decoding).", registry=r,
+        )
+        self.waiting_sequences = Gauge(
+            "onepass_generation_waiting_sequences",
+            "Sequences waiting for a generation slot.", registry=r,
+        )
+        self.batch_rows = Histogram(
+            "onepass_generation_batch_size", "Sequences in one scheduler forward step.",
+            buckets=BATCH_BUCKETS, registry=r,
+        )
+        self.step_tokens = Histogram(
+            "onepass_generation_step_tokens",
+            "Tokens (decode tokens + prompt chunks) in one scheduler forward step.",
+            buckets=STEP_TOKEN_BUCKETS, registry=r,
+        )
+
     def bind(
         self,
         *,
@@ -144,6 +193,33 @@ class Metrics:
         self.busy.set_function(busy)
         self.ready.set_function(ready)
         self.registry.register(_CacheCollector(cache_stats))
+
+    def bind_generation(
+        self, *, active: Callable[[], float], waiting: Callable[[], float]
+    ) -> None:
+        """Read the generation scheduler's occupancy at scrape time (once it exists)."""
+        self.active_sequences.set_function(active)
+        self.waiting_sequences.set_function(waiting)
+
+    def observe_step(self, rows: int, tokens: int) -> None:
+        """One scheduler forward (called on the scheduler's thread)."""
+        self.batch_rows.observe(rows)
+        self.step_tokens.observe(tokens)
+
+    def observe_sequence(
+        self, reason: str, completion_tokens: int, ttft: float | None, itl: float | None
+    ) -> None:
+        """One finished sequence: its finish reason, tokens and latencies."""
+        self.gen_finished.labels(reason if reason in FINISH_REASONS else OTHER).inc()
+        self.gen_completion_tokens.inc(completion_tokens)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if itl is not None:
+            self.itl.observe(itl)
+
+    def observe_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.gen_prompt_tokens.inc(prompt_tokens)
+        self.gen_cached_tokens.inc(cached_tokens)
 
     def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count one HTTP request. ``route`` must be a route's path template (or

@@ -70,33 +70,59 @@ def _openai_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[...,
     return wrapped
 
 
+class Running:
+    """The sequences of one request: cancelled together, and each finished one measured
+    (time to first token, inter-token latency, tokens) once."""
+
+    def __init__(self, streams: Sequence[GenerationStream], metrics: Any):
+        self.streams = list(streams)
+        self.metrics = metrics
+        self.submitted = time.monotonic()
+        self._open = set(range(len(self.streams)))
+
+    def finished(self, i: int, finish: Finish) -> None:
+        if i not in self._open:
+            return
+        self._open.discard(i)
+        first = self.streams[i].first_token_at
+        ttft = None if first is None else max(0.0, first - self.submitted)
+        itl = None
+        if first is not None and finish.completion_tokens > 1:
+            itl = (time.monotonic() - first) / (finish.completion_tokens - 1)
+        self.metrics.observe_sequence(finish.reason, finish.completion_tokens, ttft, itl)
+
+    def cancel(self) -> None:
+        """Stop every unfinished sequence; the scheduler frees its slot at the next step."""
+        for i in sorted(self._open):
+            self.streams[i].cancel()
+            self.metrics.observe_sequence("cancelled", 0, None, None)
+        self._open.clear()
+
+
 class EventStream(StreamingResponse):
     """``text/event-stream`` that cancels its sequences however the response ends (finished,
     client gone, or never started)."""
 
-    def __init__(self, body: AsyncIterator[bytes], streams: Sequence[GenerationStream]):
+    def __init__(self, body: AsyncIterator[bytes], running: Running | None):
         super().__init__(body, media_type="text/event-stream", headers=_SSE_HEADERS)
-        self._streams = streams
+        self._running = running
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            _cancel(self._streams)
+            if self._running is not None:
+                self._running.cancel()
 
 
-def _cancel(streams: Sequence[GenerationStream]) -> None:
-    for stream in streams:
-        stream.cancel()
-
-
-async def merge(
-    streams: Sequence[GenerationStream],
-) -> AsyncIterator[tuple[int, Delta | Finish]]:
-    """The events of ``streams`` as they come, tagged with the stream's index, until every
-    stream has finished."""
+async def merge(running: Running) -> AsyncIterator[tuple[int, Delta | Finish]]:
+    """The events of every sequence as they come, tagged with the sequence's index, until
+    all have finished."""
+    streams = running.streams
     if len(streams) == 1:
         async for event in streams[0].events():
+            if isinstance(event, Finish):
+                running.finished(0, event)
             yield 0, event
         return
     queue: asyncio.Queue[tuple[int, Delta | Finish]] = asyncio.Queue()
@@ -112,6 +138,7 @@ async def merge(
             i, event = await queue.get()
             if isinstance(event, Finish):
                 left -= 1
+                running.finished(i, event)
             yield i, event
     finally:
         for task in tasks:
@@ -138,15 +165,15 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def collect(
-    request: Request, streams: Sequence[GenerationStream]
+    request: Request, running: Running
 ) -> tuple[list[W.Choice], list[Finish]]:
     """Every stream to its end (non-streaming responses), cancelling all of them if the
     client disconnects first."""
 
     async def run() -> tuple[list[W.Choice], list[Finish]]:
-        choices = [W.Choice() for _ in streams]
-        finishes: list[Finish | None] = [None] * len(streams)
-        async for i, event in merge(streams):
+        choices = [W.Choice() for _ in running.streams]
+        finishes: list[Finish | None] = [None] * len(running.streams)
+        async for i, event in merge(running):
             if isinstance(event, Delta):
                 choices[i].text += event.text
                 choices[i].tokens.extend(event.tokens)
@@ -169,10 +196,12 @@ async def collect(
     finally:
         gone.cancel()
         task.cancel()
-        _cancel(streams)
+        running.cancel()
 
 
-def _usage_log(request: Request, model: str, usage: W.Usage) -> None:
+def _usage_log(request: Request, model: str, usage: W.Usage, metrics: Any) -> None:
+    """The request's token usage: in its access-log line and the prompt-token counters."""
+    metrics.observe_prompt(usage.prompt_tokens, usage.cached_tokens)
     fields = log_fields(request)
     fields["model"] = model
     fields["input_tokens"] = usage.prompt_tokens
@@ -186,17 +215,35 @@ def _usage_log(request: Request, model: str, usage: W.Usage) -> None:
 def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any]) -> None:
     """Add the generation routes to ``app`` (one response store per app)."""
     store = ResponseStore()
+    hooked: set[int] = set()
 
     def resolve(model: str | None) -> tuple[Any, str]:
         """The engine serving ``model`` and its served name: checked before any work."""
         engine = rt.require_engine()
         engine.check_model(model)
+        if id(engine) not in hooked:
+            hook(engine.generator)
+            hooked.add(id(engine))
         return engine, engine.served_name
 
-    def start(gen: Any, prompt: list[int], params: Any, limit: int,
-              n: int = 1) -> list[GenerationStream]:
+    def hook(gen: Any) -> None:
+        """Metrics read the scheduler's occupancy and hear about every forward step."""
+        scheduler = gen.scheduler
+        rt.metrics.bind_generation(active=lambda: scheduler.active,
+                                   waiting=lambda: scheduler.waiting)
+        previous = scheduler.on_step
+        if previous is None:
+            scheduler.on_step = rt.metrics.observe_step
+        else:
+            def both(rows: int, tokens: int) -> None:
+                previous(rows, tokens)
+                rt.metrics.observe_step(rows, tokens)
+
+            scheduler.on_step = both
+
+    def start(gen: Any, prompt: list[int], params: Any, limit: int, n: int = 1) -> Running:
         try:
-            return gen.start(prompt, params, limit, n)
+            return Running(gen.start(prompt, params, limit, n), rt.metrics)
         except Saturated as exc:
             rt.metrics.shed.labels("queue_full").inc()
             raise ApiError.of("overloaded", str(exc), headers=retry_headers(1.0)) from None
@@ -229,12 +276,12 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         prompt = await asyncio.to_thread(gen.chat_prompt, req.messages, "messages")
         limit = gen.output_limit(len(prompt), req.max_tokens, field=req.max_tokens_field,
                                  prompt_field="messages")
-        streams = start(gen, prompt, req.params, limit, req.n)
+        running = start(gen, prompt, req.params, limit, req.n)
         cid, created = W.new_id("chatcmpl", "-"), int(time.time())
         if not req.stream:
-            choices, finishes = await collect(request, streams)
+            choices, finishes = await collect(request, running)
             usage = W.Usage.of(finishes)
-            _usage_log(request, model, usage)
+            _usage_log(request, model, usage, rt.metrics)
             return StrictJSONResponse(
                 W.chat_completion(cid, created, model, choices, usage, req.logprobs))
 
@@ -243,7 +290,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             try:
                 for i in range(req.n):
                     yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
-                async for i, event in merge(streams):
+                async for i, event in merge(running):
                     if isinstance(event, Delta):
                         yield W.sse(W.chat_chunk(
                             cid, created, model, i, content=event.text,
@@ -256,17 +303,17 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                     yield W.sse(W.chat_chunk(cid, created, model, i,
                                              finish_reason=event.reason))
                 usage = W.Usage.of(finishes)
-                _usage_log(request, model, usage)
+                _usage_log(request, model, usage, rt.metrics)
                 if req.include_usage:
                     yield W.sse(W.usage_chunk(cid, created, model, usage))
             except Exception as exc:  # the status line is sent: report it in the stream
                 async for frame in error_frames(exc, request):
                     yield frame
             finally:
-                _cancel(streams)
+                running.cancel()
             yield W.DONE
 
-        return EventStream(events(), streams)
+        return EventStream(events(), running)
 
     # ------------------------------------------------------------------ completions
 
@@ -311,19 +358,19 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
         if req.scoring:
             usage = W.Usage(len(ids), 0, 0)
-            _usage_log(request, model, usage)
+            _usage_log(request, model, usage, rt.metrics)
             body = W.text_completion(cid, created, model, [echo_text] * req.n,
                                      ["length"] * req.n,
                                      [fresh_logprobs() for _ in range(req.n)], usage)
             if not req.stream:
                 return StrictJSONResponse(body)
-            return EventStream(_replay_completion(body, req.include_usage), [])
+            return EventStream(_replay_completion(body, req.include_usage), None)
 
-        streams = start(gen, ids, req.params, limit, req.n)
+        running = start(gen, ids, req.params, limit, req.n)
         if not req.stream:
-            choices, finishes = await collect(request, streams)
+            choices, finishes = await collect(request, running)
             usage = W.Usage.of(finishes)
-            _usage_log(request, model, usage)
+            _usage_log(request, model, usage, rt.metrics)
             logprobs = []
             for choice in choices:
                 lp = fresh_logprobs()
@@ -336,16 +383,16 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
         async def events() -> AsyncIterator[bytes]:
             finishes: list[Finish] = []
-            running = [fresh_logprobs() for _ in range(req.n)]
+            logprobs = [fresh_logprobs() for _ in range(req.n)]
             try:
                 if req.echo:
                     for i in range(req.n):
-                        lp = running[i]
+                        lp = logprobs[i]
                         yield W.sse(W.text_completion(
                             cid, created, model, [echo_text], [None],
                             [_take(lp)], None, first_index=i))
-                async for i, event in merge(streams):
-                    lp = running[i]
+                async for i, event in merge(running):
+                    lp = logprobs[i]
                     if isinstance(event, Delta):
                         if lp is not None:
                             lp.add_generated(event.tokens)
@@ -360,17 +407,17 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                     yield W.sse(W.text_completion(cid, created, model, [""], [event.reason],
                                                   [None], None, first_index=i))
                 usage = W.Usage.of(finishes)
-                _usage_log(request, model, usage)
+                _usage_log(request, model, usage, rt.metrics)
                 if req.include_usage:
                     yield W.sse(W.text_completion(cid, created, model, [], [], [], usage))
             except Exception as exc:
                 async for frame in error_frames(exc, request):
                     yield frame
             finally:
-                _cancel(streams)
+                running.cancel()
             yield W.DONE
 
-        return EventStream(events(), streams)
+        return EventStream(events(), running)
 
     def _check_scoring_prompt(gen: Any, n: int) -> None:
         """Scoring reads the prompt only: it must fit max_input_tokens and the context."""
@@ -414,12 +461,12 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         prompt = await asyncio.to_thread(gen.chat_prompt, messages, "input")
         limit = gen.output_limit(len(prompt), req.max_output_tokens, field="max_output_tokens",
                                  prompt_field="input")
-        streams = start(gen, prompt, req.params, limit)
+        running = start(gen, prompt, req.params, limit)
         rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
 
         def finished(text: str, finish: Finish) -> dict[str, Any]:
             usage = W.Usage.of([finish])
-            _usage_log(request, model, usage)
+            _usage_log(request, model, usage, rt.metrics)
             status = W.response_status(finish.reason)
             body = W.response_object(rid, created, model, req, status=status, limit=limit,
                                      output=[W.output_message(item_id, text, status)],
@@ -432,7 +479,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             return body
 
         if not req.stream:
-            choices, finishes = await collect(request, streams)
+            choices, finishes = await collect(request, running)
             return StrictJSONResponse(finished(choices[0].text, finishes[0]))
 
         async def events() -> AsyncIterator[bytes]:
@@ -455,7 +502,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                             item=W.output_message(item_id, "", "in_progress"))
                 yield event("response.content_part.added", **place, content_index=0,
                             part=W.output_text(""))
-                async for _, ev in merge(streams):
+                async for _, ev in merge(running):
                     if isinstance(ev, Delta):
                         if ev.text:
                             text += ev.text
@@ -485,9 +532,9 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                           "error": {"code": "server_error", "message": error.message}}
                 yield event("response.failed", response=failed)
             finally:
-                _cancel(streams)
+                running.cancel()
 
-        return EventStream(events(), streams)
+        return EventStream(events(), running)
 
     # ------------------------------------------------------------------ stored responses
 
