@@ -350,3 +350,67 @@ def test_disconnect_mid_stream_frees_the_slot(server, client, model):
     assert _active_sequences(server) == 0
     out = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=2)
     assert out.choices[0].finish_reason == "length"
+
+
+def test_generation_metrics_count_tokens_and_latency(server, client, model):
+    def scrape() -> dict[str, float]:
+        out = {}
+        for line in httpx.get(server + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("onepass_generation_") and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    before = scrape()
+    out = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4,
+                                         temperature=0)
+    after = scrape()
+
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert grew("onepass_generation_prompt_tokens_total") == out.usage.prompt_tokens
+    assert grew("onepass_generation_completion_tokens_total") == out.usage.completion_tokens
+    reason = out.choices[0].finish_reason
+    assert grew(f'onepass_generation_sequences_total{{reason="{reason}"}}') == 1
+    assert grew("onepass_generation_time_to_first_token_seconds_count") == 1
+    assert grew("onepass_generation_batch_size_count") >= out.usage.completion_tokens
+    assert after["onepass_generation_active_sequences"] == 0
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def test_a_failure_after_the_stream_started_is_an_error_frame(engine, monkeypatch):
+    """The 200 status line is gone once a stream starts: a failing sequence ends the stream
+    with an error frame (then [DONE] on chat), never as if the text were complete."""
+    from fastapi.testclient import TestClient
+
+    from onepass.generate.scheduler import Delta, Finish, GenerationStream
+    from onepass.server.app import create_app
+
+    def failing(prompt, params, max_tokens, n=1):
+        streams = []
+        for _ in range(n):
+            stream = GenerationStream()
+            stream.push(Delta("Hel"))
+            stream.push(Finish("error", len(prompt), 1, 0, RuntimeError("device lost")))
+            streams.append(stream)
+        return streams
+
+    monkeypatch.setattr(engine.generator, "start", failing)
+    with TestClient(create_app(engine)) as http:
+        r = http.post("/v1/chat/completions", json={"messages": QUESTION, "stream": True})
+        assert r.status_code == 200
+        frames = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert '"content":"Hel"' in frames[1]
+        assert frames[-2].startswith('{"error":') and "internal_error" in frames[-2]
+        assert frames[-1] == "[DONE]" and "finish_reason\":\"" not in "".join(frames)
+
+        r = http.post("/v1/responses", json={"input": "x", "stream": True})
+        kinds = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+        assert kinds[-2:] == ["error", "response.failed"]
+        assert "response.completed" not in kinds
+
+        r = http.post("/v1/chat/completions", json={"messages": QUESTION})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
