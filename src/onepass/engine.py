@@ -378,38 +378,52 @@ class DecisionEngine:
 
     def generate(
         self, messages: str | Sequence[Mapping[str, Any]], *, system: str | None = None,
-        max_tokens: int | None = None, **sampling: Any,
+        max_tokens: int | None = None, response_format: Any = None, grammar: str | None = None,
+        **sampling: Any,
     ) -> Any:
         """Chat completion from the same resident model: a
         :class:`~onepass.generate.runner.Generation` (text, finish reason, token usage).
 
         ``messages`` is a user message or OpenAI-style chat messages; ``sampling`` takes the
-        OpenAI field names (temperature, top_p, top_k, min_p, stop, seed, ...)."""
-        prompt, params, limit = self._generation(messages, system, max_tokens, sampling)
-        return self.generator.run(prompt, params, limit)[0]
+        OpenAI field names (temperature, top_p, top_k, min_p, stop, seed, ...).
+        ``response_format`` (OpenAI's ``text``, ``json_object``, ``json_schema``) or
+        ``grammar`` (Lark or GBNF) constrains every token: a result that finished with
+        "stop" always parses and validates; one that ran out of tokens ("length") may be
+        partial."""
+        prompt, params, limit, compiled = self._generation(
+            messages, system, max_tokens, sampling, response_format, grammar
+        )
+        return self.generator.run(prompt, params, limit, grammar=compiled)[0]
 
     def stream(
         self, messages: str | Sequence[Mapping[str, Any]], *, system: str | None = None,
-        max_tokens: int | None = None, **sampling: Any,
+        max_tokens: int | None = None, response_format: Any = None, grammar: str | None = None,
+        **sampling: Any,
     ) -> Any:
         """Like :meth:`generate`, yielding the text as it is produced."""
-        prompt, params, limit = self._generation(messages, system, max_tokens, sampling)
-        return self.generator.stream_text(prompt, params, limit)
+        prompt, params, limit, compiled = self._generation(
+            messages, system, max_tokens, sampling, response_format, grammar
+        )
+        return self.generator.stream_text(prompt, params, limit, grammar=compiled)
 
     def _generation(
-        self, messages: Any, system: str | None, max_tokens: int | None, sampling: dict
-    ) -> tuple[list[int], Any, int]:
+        self, messages: Any, system: str | None, max_tokens: int | None, sampling: dict,
+        response_format: Any = None, grammar: Any = None,
+    ) -> tuple[list[int], Any, int, Any]:
+        from onepass.generate.grammar import grammar_request, tokenizer_info
         from onepass.generate.sampling import SamplingParams
 
+        spec = grammar_request(response_format, grammar)
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         messages = list(messages)
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         params = SamplingParams.from_request({**sampling, "max_tokens": max_tokens})
+        compiled = spec.compile(tokenizer_info(self.backend)) if spec is not None else None
         prompt = self.generator.chat_prompt(messages)
-        return prompt, params, self.generator.output_limit(len(prompt), params.max_tokens)
-
+        limit = self.generator.output_limit(len(prompt), params.max_tokens)
+        return prompt, params, limit, compiled
 
 def _answer(q: Question, logits: list[float] | None, temperature: float) -> dict[str, Any]:
     """Typed answer for one question from its candidate logits (None: trivial question)."""

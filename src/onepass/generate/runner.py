@@ -135,14 +135,23 @@ class TextGenerator:
     # ------------------------------------------------------------------ running
 
     def start(
-        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int, n: int = 1
+        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int, n: int = 1,
+        grammar: Any = None,
     ) -> list[GenerationStream]:
-        """Submit ``n`` sequences of the same prompt (seed + i for the i-th)."""
+        """Submit ``n`` sequences of the same prompt (seed + i for the i-th), each with its own
+        matcher of ``grammar`` (a compiled :class:`~onepass.generate.grammar.Grammar`) if any.
+
+        Stop strings and a grammar are refused together: a stop string inside the structure
+        would end it early with reason "stop", and a "stop" under a grammar means complete."""
         check_vocab(params, self.backend.vocab_size)
+        if grammar is not None and params.stop:
+            raise ContractError("stop", "stop strings cannot be combined with a grammar or a "
+                                "structured response_format: the grammar decides where it ends")
         streams: list[GenerationStream] = []
         try:
             for i in range(n):
-                streams.append(self.scheduler.submit(prompt, params, max_tokens, seed_offset=i))
+                streams.append(self.scheduler.submit(prompt, params, max_tokens, seed_offset=i,
+                                                     grammar=grammar))
         except Exception:
             for stream in streams:
                 stream.cancel()
@@ -150,16 +159,18 @@ class TextGenerator:
         return streams
 
     def run(
-        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int, n: int = 1
+        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int, n: int = 1,
+        grammar: Any = None,
     ) -> list[Generation]:
         """Generate to the end (blocking); one :class:`Generation` per sequence."""
-        return [collect(s) for s in self.start(prompt, params, max_tokens, n)]
+        return [collect(s) for s in self.start(prompt, params, max_tokens, n, grammar)]
 
     def stream_text(
-        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int
+        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
+        grammar: Any = None,
     ) -> TextStream:
         """The text as it is generated (see :class:`TextStream`)."""
-        (stream,) = self.start(prompt, params, max_tokens)
+        (stream,) = self.start(prompt, params, max_tokens, grammar=grammar)
         return TextStream(stream)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from onepass.generate.grammar import GrammarError
 from onepass.generate.sampling import SamplingParams, TokenHistory, make_generator, sample
 from onepass.generate.text import IncrementalDetokenizer, StopMatcher
 
@@ -145,6 +146,7 @@ class _Sequence:
     cached: int = 0
     generated: list[int] = field(default_factory=list)
     completion_tokens: int = 0
+    matcher: Any = None  # a grammar Matcher (generate/grammar.py): masks every draw
 
     @property
     def decoding(self) -> bool:
@@ -229,8 +231,12 @@ class GenerationScheduler:
         return len(self._waiting)
 
     def submit(self, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
-               *, seed_offset: int = 0) -> GenerationStream:
-        """Queue one sequence; raises :class:`Saturated` instead of queueing without bound."""
+               *, seed_offset: int = 0, grammar: Any = None) -> GenerationStream:
+        """Queue one sequence; raises :class:`Saturated` instead of queueing without bound.
+
+        ``grammar`` (a compiled :class:`~onepass.generate.grammar.Grammar`) constrains every
+        token; the sequence gets its own matcher and ends with "stop" when the grammar is
+        complete (EOS is allowed only there, whatever ``ignore_eos`` says)."""
         if not prompt:
             raise ValueError("a generation needs at least one prompt token")
         need = len(prompt) + max_tokens
@@ -245,6 +251,7 @@ class GenerationScheduler:
             detok=IncrementalDetokenizer(decode, list(prompt[-4:])),
             stop=StopMatcher(params.stop), generator=make_generator(seed),
             history=TokenHistory(prompt),
+            matcher=None if grammar is None else grammar.matcher(),
         )
         with self._cond:
             if self._closed:
@@ -463,18 +470,25 @@ class GenerationScheduler:
 
     def _advance(self, seq: _Sequence, logits: Any) -> None:
         """Draw the next token, emit its text, and retire the sequence when it is done."""
-        history = seq.history
+        history, matcher = seq.history, seq.matcher
+        try:
+            mask = None if matcher is None else matcher.allowed_mask(logits.numel(), logits.device)
+        except GrammarError as exc:  # the mask allows nothing: a loud stop, never a guess
+            self._finish(seq, "error", exc)
+            return
         draw = sample(logits, seq.params, history.output_counts, history.context_ids,
-                      seq.generator)
+                      seq.generator, mask)
         seq.completion_tokens += 1  # usage counts the EOS too, as the reference does
         if seq.stream.first_token_at is None:
             seq.stream.first_token_at = time.monotonic()
-        if draw.token in self.eos and not seq.params.ignore_eos:
+        if draw.token in self.eos and (matcher is not None or not seq.params.ignore_eos):
             self._release_text(seq)
             self._finish(seq, "stop")
             return
         seq.generated.append(draw.token)
         history.add(draw.token)
+        if matcher is not None:
+            matcher.accept(draw.token)  # the mask allowed it, so the grammar takes it
         info: tuple[TokenInfo, ...] = ()
         if seq.params.logprobs is not None:
             decode = self.backend.decode
@@ -484,6 +498,9 @@ class GenerationScheduler:
         if text or info:
             seq.stream.push(Delta(text, info))
         if stopped:
+            self._finish(seq, "stop")
+        elif matcher is not None and matcher.done:  # complete, nothing may follow: EOS forced
+            self._release_text(seq)
             self._finish(seq, "stop")
         elif len(seq.generated) >= seq.max_tokens:
             self._release_text(seq)
