@@ -35,23 +35,35 @@ class CommandParser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         namespace = argparse.Namespace() if namespace is None else namespace
         for action in self._actions:
-            var = getattr(action, _ENV_ATTR, None)
-            raw = os.environ.get(var) if var else None
-            if raw and not hasattr(namespace, action.dest):
-                setattr(namespace, action.dest, _FromEnv(var, raw))  # a given flag replaces it
+            raw = _env_value(action)
+            if raw and not _appends(action) and not hasattr(namespace, action.dest):
+                setattr(namespace, action.dest, raw)  # a given flag replaces it
         namespace, extras = super().parse_known_args(args, namespace)
         for action in self._actions:
             value = getattr(namespace, action.dest, None)
+            if value is None and _appends(action):  # a repeatable flag not given at all
+                value = _env_value(action)
             if isinstance(value, _FromEnv):
                 try:  # the flag's own conversion and choices check, so both fail alike
-                    setattr(namespace, action.dest, self._get_values(action, [value.raw]))
+                    converted = self._get_values(action, [value.raw])
                 except argparse.ArgumentError as exc:
                     self.error(f"{value.var} (environment, for {action.option_strings[0]}): "
                                f"{exc.message}")
+                setattr(namespace, action.dest, [converted] if _appends(action) else converted)
         return namespace, extras
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _env_value(action: argparse.Action) -> _FromEnv | None:
+    var = getattr(action, _ENV_ATTR, None)
+    raw = os.environ.get(var) if var else None
+    return _FromEnv(var, raw) if var and raw else None
+
+
+def _appends(action: argparse.Action) -> bool:
+    return isinstance(action, argparse._AppendAction)
 
 
 def env_argument(container: Any, flag: str, **kwargs: Any) -> argparse.Action:
@@ -90,14 +102,18 @@ def non_negative_int(text: str) -> int:
     return _integer(text, 0)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, readout: bool = True) -> None:
+def add_model_arguments(
+    parser: argparse.ArgumentParser, *, readout: bool = True, several: bool = False
+) -> None:
     """The flags that load a model; ``readout=False`` leaves out the decision readout's
-    ``--temperature`` (``onepass generate`` has a sampling one of its own)."""
+    ``--temperature`` (``onepass generate`` has a sampling one of its own); ``several`` makes
+    ``--model`` repeatable (``onepass serve`` keeps every one resident)."""
     g = parser.add_argument_group("model")
     env_argument(
-        g, "--model",
+        g, "--model", action="append" if several else "store",
         help="embedded alias (default: smollm2-135m-instruct; also gemma3-270m, "
-        "qwen2.5-coder-0.5b-instruct), a .gguf file, a checkpoint directory or a hub id",
+        "qwen2.5-coder-0.5b-instruct), a .gguf file, a checkpoint directory or a hub id"
+        + ("; repeat it to serve several models, each selected by its name" if several else ""),
     )
     env_argument(g, "--adapter", help="LoRA adapter directory merged into the model at load")
     env_argument(g, "--served-model-name",

@@ -23,9 +23,15 @@ from typing import Any
 
 from onepass.commands.common import (
     add_model_arguments,
-    engine_from_args,
     env_argument,
     non_negative_int,
+    positive_int,
+)
+from onepass.server.models import (
+    ModelsConfigError,
+    ModelSpec,
+    load_models_config,
+    specs_from_flags,
 )
 
 HELP = "serve the System One HTTP API (compatible with the official typesafe-sdk client)"
@@ -75,7 +81,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(g, "--no-playground", action=_SwitchAction, type=_switch, default=False,
                  help="do not serve the playground page at GET / (it is public: the page "
                  "holds no data, and its API calls send the key you type)")
-    add_model_arguments(parser)
+    add_model_arguments(parser, several=True)
+    m = parser.add_argument_group("several models")
+    m.add_argument("--served-model", action="append",
+                   help="the name of the matching --model (repeat it, one per --model; default: "
+                   "the model's own name); every route selects a model by this name")
+    env_argument(m, "--models-config",
+                 help="a JSON array of model entries (model, served_model, device, dtype, "
+                 "adapter, context_path, max_input_tokens, max_concurrency, "
+                 "default_max_output_tokens) served together; an entry's keys override the "
+                 "model flags; instead of --model")
+    env_argument(m, "--max-concurrency", type=positive_int, default=8,
+                 help="per model: decision requests prepared at once and generations running "
+                 "at once (default 8); each model has its own queue")
+    env_argument(m, "--default-max-output-tokens", type=positive_int, default=1024,
+                 help="per model: the output limit of a generation that names none (default "
+                 "1024, capped by the context left)")
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -131,6 +152,38 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         raise SystemExit(f"onepass serve: error: {exc}") from None
 
 
+def model_specs(args: argparse.Namespace) -> list[Any]:
+    """The models to keep resident: from --models-config, else one per --model."""
+    base = ModelSpec(
+        model=None, served_model=args.served_model_name, device=args.device, dtype=args.dtype,
+        adapter=args.adapter, context_path=args.context_path,
+        max_input_tokens=args.max_input_tokens, max_concurrency=args.max_concurrency,
+        default_max_output_tokens=args.default_max_output_tokens,
+    )
+    if args.models_config:
+        if args.model or args.served_model:
+            raise ModelsConfigError("--models-config replaces --model/--served-model: give one "
+                                    "or the other")
+        return load_models_config(args.models_config, base)
+    return specs_from_flags(args.model, args.served_model, base)
+
+
+def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
+    from onepass.engine import DecisionEngine
+
+    engine = DecisionEngine.from_pretrained(
+        spec.model, device=spec.device, dtype=spec.dtype, context_path=spec.context_path,
+        adapter=spec.adapter, session_cache_entries=args.session_cache_entries,
+        session_cache_tokens=args.session_cache_tokens,
+        max_input_tokens=spec.max_input_tokens, temperature=args.temperature,
+        served_name=spec.served_model,
+    )
+    engine.max_concurrency = spec.max_concurrency
+    engine.generation_options = {"max_sequences": spec.max_concurrency,
+                                 "default_max_output_tokens": spec.default_max_output_tokens}
+    return engine
+
+
 def warn_if_open(settings: Any) -> None:
     """Auth off is fine on loopback; anywhere else it deserves a loud warning."""
     if settings.api_key is not None:
@@ -166,12 +219,17 @@ def run(args: argparse.Namespace) -> int:
     shown["auth"] = settings.api_key is not None
     log.info("starting", extra={"fields": {"settings": shown, "model": args.model,
                                            "threads": args.threads or "default"}})
+    try:
+        specs = model_specs(args)
+    except ModelsConfigError as exc:
+        raise SystemExit(f"onepass serve: {exc}") from None
+
     def load() -> Any:
         if args.threads > 0:
             import torch
 
             torch.set_num_threads(args.threads)
-        return engine_from_args(args)
+        return [engine_from_spec(spec, args) for spec in specs]
 
     app = create_app(load, settings)
     runtime = app.state.runtime

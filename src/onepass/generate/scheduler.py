@@ -35,6 +35,7 @@ log = logging.getLogger("onepass.generate")
 
 DEFAULT_MAX_SEQUENCES = 8
 DEFAULT_STEP_TOKENS = 512
+DEFAULT_ARENA_ROWS = 65536
 
 
 class Saturated(Exception):
@@ -201,7 +202,12 @@ class GenerationScheduler:
         self.max_sequences = max_sequences
         self.step_tokens = step_tokens
         self.max_waiting = max_waiting
-        self.arena = backend.new_arena(arena_rows or max_sequences * backend.context_length)
+        context = backend.context_length
+        # room for every sequence at full context, up to 64k rows (allocated lazily, zeroed
+        # only as far as rows are used), never less than one full-context sequence
+        self.arena = backend.new_arena(
+            arena_rows or min(max_sequences * context, max(context, DEFAULT_ARENA_ROWS))
+        )
         self.eos = backend.eos_ids
         self.on_step = on_step
         self._waiting: deque[_Sequence] = deque()

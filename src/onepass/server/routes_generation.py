@@ -219,18 +219,21 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
     def resolve(model: str | None) -> tuple[Any, str]:
         """The engine serving ``model`` and its served name: checked before any work."""
-        engine = rt.require_engine()
-        engine.check_model(model)
+        engine = rt.require_engine(model)  # each served model by its own name; else 404
         if id(engine) not in hooked:
             hook(engine.generator)
             hooked.add(id(engine))
         return engine, engine.served_name
 
+    hooked_schedulers: list[Any] = []
+
     def hook(gen: Any) -> None:
-        """Metrics read the scheduler's occupancy and hear about every forward step."""
+        """Metrics read the schedulers' occupancy (every served model's, summed) and hear
+        about every forward step."""
         scheduler = gen.scheduler
-        rt.metrics.bind_generation(active=lambda: scheduler.active,
-                                   waiting=lambda: scheduler.waiting)
+        hooked_schedulers.append(scheduler)
+        rt.metrics.bind_generation(active=lambda: sum(s.active for s in hooked_schedulers),
+                                   waiting=lambda: sum(s.waiting for s in hooked_schedulers))
         previous = scheduler.on_step
         if previous is None:
             scheduler.on_step = rt.metrics.observe_step

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import Request
 
+from onepass.contract import resolves_to
 from onepass.server.context import log_fields
 from onepass.server.errors import ApiError, ClientGone, retry_headers
 from onepass.server.metrics import Metrics
@@ -32,7 +33,8 @@ class Runtime:
         self.settings = settings
         self.metrics = Metrics()
         self.created = time.monotonic()
-        self.engine: Any = None
+        self.engines: dict[str, Any] = {}  # served name -> engine; the first is the default
+        self.schedulers: dict[str, Scheduler] = {}
         self.loader: Callable[[], Any] | None = None
         self.load_error: str | None = None
         self.startup_seconds: float | None = None
@@ -42,57 +44,82 @@ class Runtime:
         self.abandoned_ids: set[str] = set()
         self.on_load_failure: Callable[[], None] | None = None
         self._load_thread: threading.Thread | None = None
-        self.scheduler = Scheduler(
-            max_queue=settings.max_queue,
-            deadline=settings.request_deadline,
-            workers=settings.workers,
-            cache_stats=self._cache_stats,
-        )
+        self.scheduler = self._new_scheduler(settings.workers, self._cache_stats)
         self.metrics.bind(
-            queue_depth=lambda: self.scheduler.depth,
-            busy=lambda: self.scheduler.busy,
+            queue_depth=lambda: sum(s.depth for s in self._all_schedulers()),
+            busy=lambda: sum(s.busy for s in self._all_schedulers()),
             ready=lambda: 1.0 if self.ready else 0.0,
             cache_stats=self._cache_stats,
         )
-        if hasattr(source, "answer"):
-            self._set_engine(source)
+        if hasattr(source, "answer") or _is_engine_list(source):
+            self._set_engines(source)
         elif callable(source):
             self.loader = source
         else:
-            raise TypeError("create_app needs a DecisionEngine or a function that builds one")
+            raise TypeError("create_app needs a DecisionEngine (or a list of them) or a "
+                            "function that builds them")
 
     # ------------------------------------------------------------------ model
+
+    @property
+    def engine(self) -> Any:
+        """The default model (the first served): what a request without a model gets."""
+        return next(iter(self.engines.values()), None)
 
     @property
     def ready(self) -> bool:
         return self.engine is not None and not self.draining
 
-    def _cache_stats(self) -> Any:
-        backend = getattr(self.engine, "backend", None)
-        stats = getattr(backend, "cache_stats", None)
-        return stats() if stats else None
+    def _new_scheduler(self, workers: int, cache_stats: Callable[[], Any]) -> Scheduler:
+        return Scheduler(max_queue=self.settings.max_queue,
+                         deadline=self.settings.request_deadline,
+                         workers=workers, cache_stats=cache_stats)
 
-    def _set_engine(self, engine: Any) -> None:
-        share = getattr(engine, "share_steps", None)
-        if share is not None:  # concurrent decisions packed into the same forwards
-            share()
-        self.release_date = _release_date(engine)
+    def _all_schedulers(self) -> list[Scheduler]:
+        return list(self.schedulers.values()) or [self.scheduler]
+
+    def scheduler_for(self, engine: Any) -> Scheduler:
+        """Each model has its own decision queue: one busy model never blocks another."""
+        return self.schedulers.get(getattr(engine, "served_name", None), self.scheduler)
+
+    def _cache_stats(self) -> Any:
+        return _engine_cache_stats(self.engine)
+
+    def _set_engines(self, engines: Any) -> None:
+        engines = list(engines) if _is_engine_list(engines) else [engines]
+        names = [e.served_name for e in engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two models are served under the same name: {names}")
+        self.release_date = _release_date(engines[0])
         self.startup_seconds = round(time.monotonic() - self.created, 3)
-        self.engine = engine
         self.metrics.startup.set(self.startup_seconds)
-        backend = getattr(engine, "backend", None)
-        weights = getattr(backend, "weight_bytes", None)
-        if weights is not None:
-            self.metrics.weight_bytes.set(weights)
-        self.scheduler.start()
-        log.info(
-            "model ready",
-            extra={"fields": {"model": engine.served_name,
-                              "startup_seconds": self.startup_seconds,
-                              "quantization": getattr(backend, "quantization", None),
-                              "weight_bytes": weights,
-                              "resident_bytes": resident_bytes()}},
-        )
+        total = 0
+        for i, engine in enumerate(engines):
+            share = getattr(engine, "share_steps", None)
+            if share is not None:  # concurrent decisions packed into the same forwards
+                share()
+            if i == 0:
+                scheduler = self.scheduler
+            else:
+                scheduler = self._new_scheduler(
+                    getattr(engine, "max_concurrency", self.settings.workers),
+                    lambda e=engine: _engine_cache_stats(e),
+                )
+            self.schedulers[engine.served_name] = scheduler
+            scheduler.start()
+            backend = getattr(engine, "backend", None)
+            total += getattr(backend, "weight_bytes", 0) or 0
+            log.info(
+                "model ready",
+                extra={"fields": {"model": engine.served_name,
+                                  "startup_seconds": self.startup_seconds,
+                                  "quantization": getattr(backend, "quantization", None),
+                                  "weight_bytes": getattr(backend, "weight_bytes", None),
+                                  "resident_bytes": resident_bytes()}},
+            )
+        if total:
+            self.metrics.weight_bytes.set(total)
+        self.engines = {e.served_name: e for e in engines}
 
     def start_loading(self) -> None:
         """Load the model on a background thread: the server listens (and /health/live
@@ -110,12 +137,14 @@ class Runtime:
                 if self.on_load_failure:
                     self.on_load_failure()
                 return
-            self._set_engine(engine)
+            self._set_engines(engine)
 
         self._load_thread = threading.Thread(target=load, name="onepass-load", daemon=True)
         self._load_thread.start()
 
-    def require_engine(self) -> Any:
+    def require_engine(self, model: str | None = None) -> Any:
+        """The engine serving ``model`` (the default one when None or a ``jev-*`` alias of
+        it); an unknown name is a 404 before any work, and so is one while loading."""
         if self.draining:
             self.metrics.shed.labels("shutting_down").inc()
             raise ApiError.of(
@@ -132,7 +161,19 @@ class Runtime:
                 "retry shortly",
                 headers=retry_headers(2.0),
             )
-        return self.engine
+        if model is None:
+            return self.engine
+        if model in self.engines:
+            return self.engines[model]
+        if resolves_to(model, self.engine.served_name):
+            return self.engine
+        raise ApiError.of(
+            "model_not_found",
+            f"model: unknown model {model!r}: this server serves "
+            f"{', '.join(repr(n) for n in self.engines)} (the first also as 'jev-latest' or "
+            "any 'jev-*' name)",
+            field="model",
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -150,12 +191,12 @@ class Runtime:
             log.info(
                 "draining: refusing new requests, letting in-flight ones finish",
                 extra={"fields": {"reason": reason, "in_flight": self.in_flight,
-                                  "queued": self.scheduler.depth,
+                                  "queued": sum(s.depth for s in self._all_schedulers()),
                                   "drain_seconds": self.settings.drain_seconds}},
             )
 
     def shutdown(self) -> None:
-        dropped = self.scheduler.close()
+        dropped = sum(s.close() for s in self._all_schedulers())
         # Requests still in flight now are abandoned too (their cancellation may not have
         # been processed yet); a set, so none is counted twice.
         abandoned = self.abandoned_ids | self.in_flight_ids
@@ -163,15 +204,17 @@ class Runtime:
             "shutdown complete",
             extra={"fields": {"abandoned": len(abandoned),
                               "dropped_queued": dropped,
-                              "answered": self.scheduler.completed}},
+                              "answered": sum(s.completed for s in self._all_schedulers())}},
         )
 
     # ------------------------------------------------------------------ running work
 
-    async def run(self, request: Request, work: Callable[[], Any]) -> Any:
-        """Queue ``work``, wait for it, and give up (cheaply) if the client disconnects."""
+    async def run(self, request: Request, work: Callable[[], Any], engine: Any = None) -> Any:
+        """Queue ``work`` on ``engine``'s queue (the default model's when None), wait for it,
+        and give up (cheaply) if the client disconnects."""
+        scheduler = self.scheduler_for(engine) if engine is not None else self.scheduler
         try:
-            job = self.scheduler.submit(work)
+            job = scheduler.submit(work)
         except Overloaded as exc:
             self.metrics.shed.labels(exc.reason).inc()
             raise ApiError.of(
@@ -192,25 +235,25 @@ class Runtime:
                     {future, gone}, timeout=max(0.0, job.deadline - time.monotonic()),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                if not done and self.scheduler.cancel(job):
+                if not done and scheduler.cancel(job):
                     self.metrics.shed.labels("deadline").inc()
-                    wait = self.scheduler.expected_wait()
+                    wait = scheduler.expected_wait()
                     raise ApiError.of(
                         "overloaded",
                         f"the request waited {job.queue_seconds:.1f} s without reaching the "
                         f"engine (request deadline {self.settings.request_deadline:g} s); the "
                         "server is saturated, retry later",
-                        headers=retry_headers(self.scheduler.retry_after(wait)),
+                        headers=retry_headers(scheduler.retry_after(wait)),
                     )
                 if not done:
                     done, _ = await asyncio.wait(
                         {future, gone}, return_when=asyncio.FIRST_COMPLETED
                     )
             except asyncio.CancelledError:  # shutdown past the drain deadline
-                self.scheduler.cancel(job)
+                scheduler.cancel(job)
                 raise
             if future not in done:
-                dropped = self.scheduler.cancel(job)
+                dropped = scheduler.cancel(job)
                 if dropped:
                     self.metrics.shed.labels("disconnected").inc()
                 info["disconnected"] = "before_start" if dropped else "while_computing"
@@ -231,6 +274,16 @@ class Runtime:
             gone.cancel()
             _timing(info, job)
         return result
+
+
+def _is_engine_list(source: Any) -> bool:
+    return isinstance(source, (list, tuple)) and bool(source) and all(
+        hasattr(e, "answer") for e in source)
+
+
+def _engine_cache_stats(engine: Any) -> Any:
+    stats = getattr(getattr(engine, "backend", None), "cache_stats", None)
+    return stats() if stats else None
 
 
 def _consume(future: asyncio.Future) -> None:

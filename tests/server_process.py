@@ -1,0 +1,57 @@
+"""Start a real `onepass serve` process on a free loopback port for a test module."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(args: Sequence[str], log_path: Path, *, ready_seconds: float = 240,
+          env: dict[str, str] | None = None) -> Iterator[str]:
+    """``onepass serve ARGS`` on a free port; yields its URL once /health is 200, and stops it
+    with SIGTERM (then SIGKILL) afterwards. The log is kept at ``log_path``."""
+    port = free_port()
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onepass.cli", "serve", "--port", str(port), *args],
+            cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_seconds
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
