@@ -1,0 +1,152 @@
+"""Hostile bodies on every route (hypothesis), against the real app and model: never a 5xx,
+never longer than a stated bound per request, and the server still answers afterwards.
+
+The bodies are arbitrary JSON, valid bodies with one field replaced by an arbitrary value, and
+known-dangerous shapes (exponential ``$ref`` trees, huge/NaN-adjacent numbers, deep nesting).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from onepass.generate.runner import TextGenerator  # noqa: E402
+from onepass.server.app import create_app  # noqa: E402
+from onepass.server.settings import ServerSettings  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# A request may do the work it is allowed to: these bodies ask for at most a few questions,
+# fields or output tokens, so each must be answered (or refused) within this bound.
+SECONDS_PER_REQUEST = 20.0
+
+VALID = {
+    "/v1/systemone": {
+        "state": "My parcel is late.",
+        "questions": {"late": {"type": "noul", "instructions": "The parcel is late."},
+                      "team": {"type": "choice", "instructions": "Which team?",
+                               "criteria": {"shipping": "parcels", "billing": "money"}},
+                      "mood": {"type": "score", "instructions": "How angry?",
+                               "criteria": ["calm", "annoyed", "furious"]}},
+    },
+    "/v1/decisions": {
+        "context": "Server is down!", "mode": "batch",
+        "schema": {"type": "object", "properties": {
+            "urgent": {"type": "boolean"},
+            "team": {"enum": ["ops", "support"]},
+            "severity": {"type": "integer", "minimum": 1, "maximum": 3}}},
+    },
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0,
+    },
+    "/v1/completions": {"prompt": "Hello", "max_tokens": 4},
+    "/v1/responses": {"input": "Say hi.", "max_output_tokens": 4},
+}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
+    lambda children: st.lists(children, max_size=6)
+    | st.dictionaries(st.text(max_size=12), children, max_size=6),
+    max_leaves=30,
+)
+
+
+def _ref_bomb(depth: int) -> dict:
+    defs = {f"d{i}": {"type": "object", "properties": {
+        "a": {"$ref": f"#/$defs/d{i + 1}"}, "b": {"$ref": f"#/$defs/d{i + 1}"}}}
+        for i in range(depth)}
+    defs[f"d{depth}"] = {"type": "object"}
+    return {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d0"}}}
+
+
+DANGEROUS = [
+    ("/v1/decisions", {"context": "x", "mode": "sequential", "schema": _ref_bomb(30)}),
+    ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
+        "type": "object", "properties": {"n": {
+            "type": "number", "minimum": 0, "maximum": 1e300, "multipleOf": 1e-300}}}}),
+    ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
+        "type": "object", "properties": {"n": {
+            "type": "number", "minimum": -1e308, "maximum": 1e308, "x-step": 1e-308}}}}),
+    ("/v1/systemone", {"state": "x" * 200_000, "questions": VALID["/v1/systemone"]["questions"]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": 10**12}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "temperature": 1e308, "top_p": -0.0}),
+    ("/v1/completions", {"prompt": [10**9, -1], "max_tokens": 1}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+    ("/v1/systemone", json.loads("[" * 500 + "]" * 500)),
+]
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    """The real app on the session model; generation capped at 4 tokens by default so a
+    body that omits its limit stays within the time bound."""
+    saved = engine._generator
+    engine._generator = TextGenerator(engine.backend, max_input_tokens=engine.max_input_tokens,
+                                      default_max_output_tokens=4)
+    app = create_app(engine, ServerSettings(max_questions=16, request_deadline=30))
+    try:
+        with TestClient(app, raise_server_exceptions=False) as c:
+            yield c
+    finally:
+        engine._generator.scheduler.close()
+        engine._generator = saved
+        engine.scorer = None
+
+
+def _post(client, route: str, body) -> None:
+    start = time.monotonic()
+    r = client.post(route, content=json.dumps(body), headers={"content-type": "application/json"})
+    elapsed = time.monotonic() - start
+    assert r.status_code < 500, (route, r.status_code, r.text[:500], body)
+    assert elapsed < SECONDS_PER_REQUEST, (route, elapsed, body)
+    if r.status_code >= 400:  # every refusal is the error envelope naming what went wrong
+        assert r.json()["error"]["message"], r.text
+
+
+def _alive(client) -> None:
+    assert client.get("/health/live").status_code == 200
+    r = client.post("/v1/systemone", json=VALID["/v1/systemone"])
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("route, body", DANGEROUS, ids=[r for r, _ in DANGEROUS])
+def test_known_dangerous_bodies_are_refused_or_answered_quickly(client, route, body):
+    _post(client, route, body)
+    _alive(client)
+
+
+FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+
+
+@FUZZ
+@given(route=st.sampled_from(sorted(VALID)), body=json_values)
+def test_arbitrary_json_never_gets_a_5xx(client, route, body):
+    _post(client, route, body)
+
+
+@FUZZ
+@given(route=st.sampled_from(sorted(VALID)), data=st.data())
+def test_one_field_replaced_never_gets_a_5xx(client, route, data):
+    body = dict(VALID[route])
+    key = data.draw(st.sampled_from(sorted(body) + ["model", "stream", "n", "seed", "stop"]))
+    body[key] = data.draw(json_values)
+    _post(client, route, body)
+
+
+def test_the_server_still_answers_after_the_fuzzing(client):
+    for route in VALID:
+        _post(client, route, VALID[route])
+    _alive(client)
+    assert client.get(f"/v1/responses/resp_{'0' * 24}").status_code == 404
