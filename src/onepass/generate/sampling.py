@@ -312,7 +312,7 @@ def apply_mask(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Keep only the tokens where ``mask`` is True (a grammar's allowed set); the rest -inf."""
     if mask is None:
         return logits
-    return logits.masked_fill(~mask, -math.inf)
+    return torch.where(mask, logits, -math.inf)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
