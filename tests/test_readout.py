@@ -30,6 +30,15 @@ def test_temperature_sharpens_and_flattens():
     assert cold[0] == pytest.approx(restricted_softmax([2.0, 0.0])[0])
 
 
+@pytest.mark.parametrize("t", [1e-320, 1e-300, 1e300])
+def test_extreme_client_temperatures_give_a_distribution_not_nan(t):
+    """A client may send any finite temperature > 0: 1e-320 once overflowed logits to inf
+    (inf - inf = NaN, a 500); it must be the argmax's one-hot (or uniform, for 1e300)."""
+    p = restricted_softmax([12.0, 3.0, 12.0], temperature=t)
+    assert all(math.isfinite(x) for x in p) and sum(p) == pytest.approx(1.0)
+    assert p == ([0.5, 0.0, 0.5] if t < 1 else pytest.approx([1 / 3] * 3))
+
+
 @pytest.mark.parametrize("t", [0.0, -1.0, float("nan"), float("inf")])
 def test_bad_temperature_rejected(t):
     with pytest.raises(ValueError):

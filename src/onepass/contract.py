@@ -10,7 +10,7 @@ server turns them into 400/422 responses, the CLI into per-line error records.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
@@ -62,7 +62,16 @@ class DecisionRequest:
     state: JsonValue
     questions: tuple[Question, ...]
     temperature: float | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def finite_float(value: int | float) -> float | None:
+    """A client's number as a finite float, or None: JSON integers can be far past a double
+    (``float(10**400)`` overflows), so no arithmetic on them may assume one."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _describe(value: Any) -> str:
@@ -266,14 +275,10 @@ def parse_request(raw: Any) -> DecisionRequest:
             raise ContractError(
                 "temperature", f"expected a positive number, got {_describe(temperature)}"
             )
-        if not math.isfinite(temperature) or temperature <= 0:
+        temperature = finite_float(temperature)
+        if temperature is None or temperature <= 0:
             raise ContractError("temperature", "expected a finite number greater than 0")
-        temperature = float(temperature)
-    extras = {
-        k: v for k, v in raw.items()
-        if k not in {"model", "state", "document", "questions", "temperature", "assets"}
-    }
-    return DecisionRequest(model, state, tuple(parsed), temperature, extras)
+    return DecisionRequest(model, state, tuple(parsed), temperature)
 
 
 # --------------------------------------------------------------------------- model aliases

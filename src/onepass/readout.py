@@ -18,9 +18,9 @@ def restricted_softmax(logits: Sequence[float], temperature: float = 1.0) -> lis
         raise ValueError("temperature must be a finite number greater than 0")
     if not logits:
         return []
-    scaled = [x / temperature for x in logits]
-    top = max(scaled)
-    exps = [math.exp(x - top) for x in scaled]
+    top = max(logits)
+    # shift before scaling: a tiny temperature sends every gap to -inf (exp 0), never inf - inf
+    exps = [math.exp((x - top) / temperature) for x in logits]
     total = sum(exps)
     return [e / total for e in exps]
 
