@@ -48,14 +48,18 @@ TOPICS = ["a late parcel", "a double charge", "a broken mug", "a password reset"
           "a cancelled flight", "a noisy neighbour", "a software crash", "a billing dispute"]
 
 
-def make_states(n: int) -> list[dict]:
+STATE_LINES = {"mixed": (2, 8), "short": (3, 4), "long": (19, 22)}  # ~100 / ~512 tokens
+
+
+def make_states(n: int, size: str = "mixed") -> list[dict]:
     rng = random.Random(7)
+    low, high = STATE_LINES[size]
     states = []
     for i in range(n):
         topic = TOPICS[i % len(TOPICS)]
         lines = [f"Message {k}: customer {1000 + i} writes about {topic}; "
                  f"{rng.choice(['angry', 'calm', 'confused', 'polite'])} tone, "
-                 f"order #{rng.randint(10000, 99999)}." for k in range(rng.randint(2, 8))]
+                 f"order #{rng.randint(10000, 99999)}." for k in range(rng.randint(low, high))]
         states.append({"ticket": 5000 + i, "topic": topic, "thread": lines})
     return states
 
@@ -265,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="at most this many requests per level (default 20000)")
     p.add_argument("--states", type=int, default=24,
                    help="distinct states in the request pool (default 24)")
+    p.add_argument("--state-size", choices=sorted(STATE_LINES), default="mixed",
+                   help="short (~100-token states), long (~512) or mixed (default)")
     p.add_argument("--warmup", type=int, default=5, help="requests sent before measuring")
     p.add_argument("--server-args", default="",
                    help="extra `onepass serve` flags when the script starts the server")
@@ -286,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         pid = proc.pid
         print(f"started onepass serve (pid {pid}) at {url}; log {log_path}")
     endpoint = url + "/v1/systemone"
-    states = make_states(args.states)
+    states = make_states(args.states, args.state_size)
     failed = False
     try:
         if args.warmup:

@@ -75,16 +75,19 @@ def test_cache_hit_reuses_the_prefix_and_reads_the_same_numbers(engine):
 
 
 def test_question_alone_equals_question_among_sixteen(engine):
+    """Packed among 15 others, a question reads what a naive full forward of its own whole
+    prompt reads (the prompt is the same alone or among others)."""
     probe = {"type": "choice", "instructions": "Which department?",
              "criteria": {"billing": None, "logistics": None, "product_support": None}}
-    alone = engine.answer({"state": STATE, "questions": {"probe": probe}})["answers"]["probe"]
+    request = {"state": STATE, "questions": {"probe": probe}}
+    naive = engine.answer(request, naive=True)["answers"]
+    assert_same(engine.answer(request)["answers"], naive)
     crowd = {f"q{i}": {"type": "noul", "instructions": f"Statement number {i} " + "x" * i}
              for i in range(15)}
     crowd["probe"] = probe
     among = engine.answer({"state": STATE, "questions": crowd})
     assert among["usage"]["output_tokens"] == 16
-    assert max(abs(a - b) for a, b in zip(distribution(alone),
-                                          distribution(among["answers"]["probe"]))) < TOL
+    assert_same({"probe": among["answers"]["probe"]}, naive)
 
 
 def test_response_shape_and_types(engine):
@@ -146,6 +149,57 @@ def test_unknown_model_and_token_limit_are_client_errors(engine):
             info.value)
     finally:
         engine.max_input_tokens = limit
+
+
+def _count_encodes(engine, monkeypatch) -> dict:
+    seen = {"calls": 0, "chars": 0}
+    encode = engine.backend.encode
+
+    def counting(text, *args, **kwargs):
+        seen["calls"] += 1
+        seen["chars"] += len(text)
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(engine.backend, "encode", counting)
+    return seen
+
+
+@pytest.mark.parametrize("shape", ["long state, 64 questions", "255 long options"])
+def test_an_over_limit_prompt_is_refused_after_work_proportional_to_it(engine, monkeypatch,
+                                                                        shape):
+    """Before the check came first, the refusal cost a tokenization of the whole prompt per
+    question (65 here) or of the question per label (256 here): 13 MB / 45 MB of text."""
+    if shape.startswith("long state"):
+        questions = {f"q{i}": {"type": "noul", "instructions": f"Statement {i}."}
+                     for i in range(64)}
+        request = {"state": "word " * 40_000, "questions": questions}
+    else:
+        options = {f"o{i}": "detail " * 100 for i in range(255)}
+        request = {"state": "x", "questions": {"c": {
+            "type": "choice", "instructions": "Which?", "criteria": options}}}
+    seen = _count_encodes(engine, monkeypatch)
+    with pytest.raises(ContractError) as info:
+        engine.answer(request)
+    assert info.value.kind == "max_tokens_exceeded" and info.value.field == "state"
+    # each part once, then the longest prompt whole once for the exact count
+    assert seen["chars"] < 3 * len(json.dumps(request))
+
+
+def test_the_length_check_refuses_exactly_past_the_limit(engine, monkeypatch):
+    from onepass import prompt as P
+    from onepass.contract import parse_request
+
+    live = [q for q in parse_request(MIXED).questions if not q.is_trivial]
+    prefix_text = P.render_prefix(engine.format, STATE, engine.context, engine.specials)
+    prefix, suffixes = engine.tokenize(
+        prefix_text, [engine.question_position(q).suffix for q in live])
+    longest = len(prefix) + max(len(s) for s in suffixes)
+    monkeypatch.setattr(engine, "max_input_tokens", longest)
+    assert engine.answer(MIXED)["usage"]["output_tokens"] == 4
+    monkeypatch.setattr(engine, "max_input_tokens", longest - 1)
+    with pytest.raises(ContractError) as info:
+        engine.answer(MIXED)
+    assert f"the prompt has {longest} tokens, over the limit of {longest - 1}" in str(info.value)
 
 
 def test_typed_helpers(engine):

@@ -15,12 +15,14 @@ from onepass import prompt as P
 from onepass.contract import ContractError
 from onepass.schema import (
     ESCAPE_KEY,
+    MAX_DECISION_SECONDS,
+    MAX_GENERATED_TOKENS,
     DecisionsRequestModel,
     _choose,
     _string_end,
     compile_schema,
-    decide_request,
     extend_schema,
+    parse_decisions,
     read_json_string,
     turn_break,
     value_text,
@@ -157,6 +159,15 @@ def test_values_keep_their_json_type_in_the_domain_check():
         ({"$ref": "#/nowhere"}, ["points at nothing"]),
         ({"$ref": "http://example.com/s.json"}, ["local"]),
         ({"type": "object"}, ["properties"]),
+        # client numbers past what a double holds: refusals, never an OverflowError (a 500)
+        ({"type": "number", "minimum": 0, "maximum": 1e300, "multipleOf": 1e-300},
+         ["overflow a double"]),
+        ({"type": "number", "minimum": 0, "maximum": 1e300, "x-step": 1e-300},
+         ["overflow a double"]),
+        ({"type": "integer", "minimum": -10**308, "maximum": 10**308}, ["overflow a double"]),
+        ({"type": "integer", "minimum": 0, "maximum": 10**400}, ["a double can hold"]),
+        ({"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 5e-324},
+         ["overflow a double"]),
     ],
 )
 def test_refusals_name_the_field(prop, words):
@@ -195,6 +206,56 @@ def test_recursive_refs_and_deep_nesting_are_refused_not_crashed():
     with pytest.raises(ContractError) as err:
         compile_schema(deep)
     assert "nested" in err.value.message
+
+
+def _fan_out(depth: int, bottom: dict) -> dict:
+    """About 100 bytes a level, each level's object holding the next level twice: expanding
+    the references visits 2**depth objects."""
+    defs = {f"L{i}": obj(a={"$ref": f"#/$defs/L{i + 1}"}, b={"$ref": f"#/$defs/L{i + 1}"})
+            for i in range(depth)}
+    defs[f"L{depth}"] = bottom
+    return {"$defs": defs, **obj(x={"$ref": "#/$defs/L0"})}
+
+
+def test_a_reference_fan_out_is_refused_by_the_step_budget_naming_where():
+    # 2 KB that expands to 2**18 empty objects: 1.2 s of compilation before the budget (x4
+    # per two levels: depth 30 held the engine worker for hours), then "no field to decide"
+    bomb = _fan_out(18, obj())
+    assert len(json.dumps(bomb)) < 2500
+    with pytest.raises(ContractError) as err:
+        compile_schema(bomb)
+    assert "steps" in err.value.message and "'$ref'" in err.value.message
+    assert err.value.field.startswith("schema.properties.x.properties.")
+    # the same through anyOf: 1,000 references to one 255-value enum is 255,000 values
+    enum = {"enum": [f"v{i}" for i in range(255)]}
+    fan = {"$defs": {"E": enum}, **obj(f={"anyOf": [{"$ref": "#/$defs/E"}] * 1000})}
+    with pytest.raises(ContractError) as err:
+        compile_schema(fan)
+    assert "steps" in err.value.message and err.value.field == "schema.properties.f"
+
+
+def test_the_step_budget_leaves_room_for_the_largest_legitimate_schema():
+    enum = {"enum": [f"v{i}" for i in range(255)], "description": "Which one?"}
+    fields = {f"f{i}": {"$ref": "#/$defs/E"} for i in range(256)}
+    compiled = compile_schema({"$defs": {"E": enum}, **obj(**fields)})
+    assert len(compiled.fields) == 256 and all(len(f.values) == 255 for f in compiled.fields)
+    # repeated anyOf branches collapse to the declared values
+    union = {"$defs": {"E": enum}, **obj(f={"anyOf": [{"$ref": "#/$defs/E"}] * 20})}
+    (f,) = compile_schema(union).fields
+    assert f.values == tuple(enum["enum"])
+
+
+def test_numbers_past_a_double_are_values_not_overflows():
+    (f,) = compile_schema(obj(n={"enum": [10**400, 1]})).fields
+    assert f.contains(10**400) and f.contains(1.0) and not f.contains(10**400 + 1)
+    (u,) = compile_schema(obj(n={"anyOf": [{"const": 10**400}, {"const": 10**400},
+                                            {"const": 1}]})).fields
+    assert u.values == (10**400, 1)
+    (g,) = compile_schema(obj(n={"type": "integer", "minimum": 10**20,
+                                 "maximum": 10**20 + 2})).fields
+    assert g.values == (10**20, 10**20 + 1, 10**20 + 2)  # exact: not rounded through a double
+    assert compile_schema(obj(n={"enum": [1]})).validate({"n": {"a": 1}}) == [
+        "n: {'a': 1} is not a declared value"]
 
 
 def test_validate_reports_values_outside_the_domain_and_missing_fields():
@@ -305,21 +366,43 @@ GOOD = {"context": "c", "schema": obj(a={"type": "boolean"}), "mode": "batch"}
         ({"max_open_tokens": 0}, "max_open_tokens"),
     ],
 )
-def test_decide_request_refuses_bad_bodies_naming_the_field(patch, field):
+def test_parse_decisions_refuses_bad_bodies_naming_the_field(patch, field):
     with pytest.raises(ContractError) as err:
-        decide_request(FakeEngine(), {**GOOD, **patch})
+        parse_decisions(FakeEngine(), {**GOOD, **patch})
     assert err.value.field == field
 
 
 @pytest.mark.parametrize("missing", ["context", "schema", "mode"])
-def test_decide_request_requires_context_schema_and_mode(missing):
+def test_parse_decisions_requires_context_schema_and_mode(missing):
     body = {k: v for k, v in GOOD.items() if k != missing}
     with pytest.raises(ContractError) as err:
-        decide_request(FakeEngine(), body)
+        parse_decisions(FakeEngine(), body)
     assert err.value.field == missing and "required" in err.value.message
     with pytest.raises(ContractError) as err:
-        decide_request(FakeEngine(), [GOOD])
+        parse_decisions(FakeEngine(), [GOOD])
     assert err.value.field == "body"
+
+
+def test_a_plan_bounds_the_fields_and_the_open_text_of_one_request():
+    many = {**GOOD, "schema": obj(**{f"f{i}": {"type": "boolean"} for i in range(9)})}
+    with pytest.raises(ContractError) as err:
+        parse_decisions(FakeEngine(), many, max_fields=8)
+    assert (err.value.kind, err.value.field) == ("too_many_questions", "schema")
+    assert "9 fields is over the limit of 8" in err.value.message
+    plan = parse_decisions(FakeEngine(), many, max_fields=9)
+    assert len(plan.compiled.fields) == 9 and plan.time_limit == MAX_DECISION_SECONDS
+    engine = FakeEngine()
+    engine.backend = SimpleNamespace(generate=None)  # open fields need one
+    text = {"type": "string", "x-open": True}
+    wide = {**GOOD, "schema": obj(**{f"t{i}": text for i in range(5)}), "max_open_tokens": 512}
+    with pytest.raises(ContractError) as err:
+        parse_decisions(engine, wide)
+    assert (err.value.kind, err.value.field) == ("max_tokens_exceeded", "max_open_tokens")
+    assert f"may generate 2560 tokens, over the limit of {MAX_GENERATED_TOKENS}" in str(err.value)
+    short = {**wide, "schema": obj(**{f"t{i}": {**text, "maxLength": 9} for i in range(5)})}
+    assert parse_decisions(engine, short).max_open_tokens == 512  # 5 x (maxLength + 1) tokens
+    default = {**GOOD, "schema": obj(**{f"t{i}": text for i in range(64)})}
+    assert len(parse_decisions(engine, default).compiled.fields) == 64  # 64 x 32 fits
 
 
 def test_request_model_documents_the_body_under_its_wire_names():

@@ -4,21 +4,24 @@ recomputation, sampling, the open branch, the wire and the CLI."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 
 from onepass import prompt as P
+from onepass import schema as schema_module
 from onepass.contract import ContractError
 from onepass.readout import restricted_softmax
 from onepass.schema import (
     ESCAPE_KEY,
     _string_end,
     compile_schema,
-    decide_request,
     extend_schema,
+    parse_decisions,
     read_json_string,
     record_text,
+    run_plan,
 )
 
 pytestmark = pytest.mark.slow
@@ -92,7 +95,10 @@ def test_sequential_prompts_grow_and_reuse_the_whole_previous_prompt(engine):
 def test_sequential_answers_equal_a_no_cache_run(engine):
     engine.backend.cache.clear()
     d = engine.decide_schema(CONTEXT, SCHEMA, mode="sequential", temperature=0.7)
-    assert [f.cached_tokens > 0 for f in d.fields.values()] == [True] * 4
+    # the first field finds only the system prompt pinned at start-up; every later one finds
+    # the previous prompt (more than the system prompt)
+    assert [f.cached_tokens > engine.pinned_tokens for f in d.fields.values()] == [
+        False, True, True, True]
     for f in d.fields.values():  # each prompt recomputed whole by a plain forward
         assert close(list(f.probabilities.values()), reference_probs(engine, f, 0.7))
 
@@ -151,7 +157,7 @@ def test_batch_is_one_forward_and_each_field_equals_asking_it_alone(engine, monk
         got = d.fields[f.path]
         assert close(list(got.probabilities.values()), list(alone.probabilities.values()))
         assert got.tokens == alone.tokens
-    assert close(list(got.probabilities.values()), reference_probs(engine, got))
+        assert close(list(got.probabilities.values()), reference_probs(engine, got))
 
 
 def _node(schema, keys):
@@ -292,6 +298,95 @@ def test_limits_and_refusals_through_the_engine(engine, monkeypatch):
         with pytest.raises(ContractError) as err:
             engine.decide_schema(CONTEXT, SCHEMA, mode=mode)
         assert err.value.field == "context" and err.value.kind == "max_tokens_exceeded"
+
+
+def _count_work(engine, monkeypatch) -> dict:
+    """Characters tokenized; any model call (forward, prefill or generation) fails the test."""
+    seen = {"chars": 0}
+    encode = engine.backend.encode
+
+    def counting(text, *args, **kwargs):
+        seen["chars"] += len(text)
+        return encode(text, *args, **kwargs)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model ran for a request over the token limit")
+
+    monkeypatch.setattr(engine.backend, "encode", counting)
+    for name in ("score", "prefill", "generate"):
+        monkeypatch.setattr(engine.backend, name, forbidden)
+    return seen
+
+
+@pytest.mark.parametrize(("mode", "where"), [("batch", "context"), ("sequential", "context"),
+                                             ("sequential", "last question")])
+def test_an_over_limit_run_is_refused_before_any_forward(engine, monkeypatch, mode, where):
+    """Before: the batch run tokenized the whole prompt once per field, and the sequential
+    one decided eight fields (eight forwards) before it met a question too long to ask."""
+    big = "word " * 40_000
+    fields = {f"f{i}": {"type": "boolean", "description": f"Is claim {i} true?"}
+              for i in range(8)}
+    if where == "last question":
+        fields["last"] = {"enum": [f"v{i}" for i in range(20)], "description": big}
+    seen = _count_work(engine, monkeypatch)
+    with pytest.raises(ContractError) as err:
+        engine.decide_schema(big if where == "context" else CONTEXT, {"properties": fields},
+                             mode=mode)
+    assert (err.value.kind, err.value.field) == ("max_tokens_exceeded", "context")
+    assert seen["chars"] < 3 * len(big) + 10_000
+
+
+class FakeClock:
+    """``time`` for the schema module: monotonic() is what the test says it is."""
+
+    def __init__(self, tick: float = 0.0):
+        self.now, self.tick = 0.0, tick
+        self.perf_counter = time.perf_counter
+
+    def monotonic(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_a_run_past_its_time_limit_stops_between_fields(engine, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(schema_module, "time", clock)
+    generate, calls = engine.backend.generate, []
+
+    def slow(tokens, max_new_tokens, **kw):  # every forward "takes" 6 s
+        calls.append(max_new_tokens)
+        clock.now += 6.0
+        return generate(tokens, max_new_tokens, **kw)
+
+    monkeypatch.setattr(engine.backend, "generate", slow)
+    with pytest.raises(ContractError) as err:
+        engine.decide_schema(CONTEXT, SCHEMA, mode="sequential", time_limit=10.0)
+    assert (err.value.kind, err.value.field) == ("request_too_large", "schema")
+    assert "time limit of 10 s per request after 2 of 4 fields" in err.value.message
+    assert calls == [0, 0]  # the third field never reached the model
+    assert engine.decide_schema(CONTEXT, SCHEMA, mode="batch", time_limit=10.0).value
+
+
+def test_a_run_past_its_time_limit_stops_generating(engine, monkeypatch):
+    schema = {"properties": {"note": {"type": "string", "x-open": True,
+                                      "description": "Write a long note about the expense"}}}
+    calls = _bias(engine, monkeypatch, toward_escape=True)
+    engine.decide_schema(CONTEXT, schema, mode="sequential", max_open_tokens=24)
+    free = [len(ids) for n, ids in calls if n > 0]
+    assert free[0] > 6  # unbounded in time, the note runs longer than six tokens
+    calls.clear()
+    monkeypatch.setattr(schema_module, "time", FakeClock(tick=1.0))  # 1 s per clock read
+    with pytest.raises(ContractError) as err:
+        engine.decide_schema(CONTEXT, schema, mode="sequential", max_open_tokens=24,
+                             time_limit=5.0)
+    assert err.value.kind == "request_too_large" and "0 of 1 fields" in err.value.message
+    (cut,) = [len(ids) for n, ids in calls if n > 0]
+    assert cut <= 5 < free[0]  # the clock, read after every token, passed 5 s: cut short
+
+
+def decide_request(engine, body):
+    """What POST /v1/decisions does with a decoded body."""
+    return run_plan(engine, parse_decisions(engine, body)).to_dict()
 
 
 def test_decide_request_answers_the_documented_shape(engine):

@@ -7,9 +7,8 @@ those labels only, and turns them into typed answers.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +44,17 @@ class Position:
 
 @dataclass
 class Scored:
-    """Logits per position plus the token accounting of the call."""
+    """Logits per position, the prompt ids they were read after, and the cached share."""
 
     logits: list[list[float]]
-    prefix_tokens: int
-    suffix_tokens: list[int]
+    prefix: list[int]
+    suffixes: list[list[int]]
     cached_tokens: int
-    seconds: float = 0.0
+
+    @property
+    def input_tokens(self) -> int:
+        """Prompt tokens of the call: the shared prefix once, then every suffix."""
+        return len(self.prefix) + sum(len(s) for s in self.suffixes)
 
 
 @dataclass
@@ -60,7 +63,6 @@ class EngineStats:
     questions: int = 0
     input_tokens: int = 0
     cached_tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class DecisionEngine:
@@ -103,6 +105,11 @@ class DecisionEngine:
         # cached_tokens includes them, so a state-prefix hit is cached_tokens > pinned_tokens
         self.pinned_tokens = 0
         self._generator: Any = None
+        # TextGenerator options (default_max_output_tokens, max_sequences), set before first use
+        self.generation_options: dict[str, Any] = {}
+        # None: each call scores in its own forward; share_steps() routes scoring through the
+        # generation scheduler so concurrent requests share forwards
+        self.scorer: Any = None
         self._pin_system()
 
     # ------------------------------------------------------------------ construction
@@ -176,30 +183,41 @@ class DecisionEngine:
         self._label_memo[label] = found
         return found
 
+    def draft(
+        self, qtype: str, instructions: Any, options: Sequence[str], descriptions: Sequence[Any],
+        exclude: set[int] | frozenset[int] = frozenset(),
+    ) -> Position:
+        """One question rendered with the first labels that are single tokens after the
+        prompt's tail: not yet checked in the question's own context, so it costs no
+        tokenization of the question (what :meth:`check_length` measures)."""
+        try:
+            pool = P.label_texts(qtype, len(options), self.style)
+            labels = P.assign_labels(len(options), self._token_for, exclude, pool)
+        except P.LabelError:  # a styled pool (Yes/No, digits) unusable here: letters
+            labels = P.assign_labels(len(options), self._token_for, exclude)
+        block = P.render_question(
+            qtype, instructions, options, descriptions, [lb.text for lb in labels],
+            self.specials, self.style,
+        )
+        return Position(P.render_suffix(self.format, block, self.style), tuple(labels))
+
     def position(
         self, qtype: str, instructions: Any, options: Sequence[str], descriptions: Sequence[Any]
     ) -> Position:
-        """Render one question with labels checked in its own context."""
+        """Render one question with labels checked in its own context (one tokenization of
+        the question per label: check the prompt's length first)."""
         exclude: set[int] = set()
         for _ in range(4):
-            try:
-                pool = P.label_texts(qtype, len(options), self.style)
-                labels = P.assign_labels(len(options), self._token_for, exclude, pool)
-            except P.LabelError:  # a styled pool (Yes/No, digits) unusable here: letters
-                labels = P.assign_labels(len(options), self._token_for, exclude)
-            block = P.render_question(
-                qtype, instructions, options, descriptions, [lb.text for lb in labels],
-                self.specials, self.style,
-            )
-            suffix = P.render_suffix(self.format, block, self.style)
-            base = self.backend.encode(suffix, bos=False)
+            drafted = self.draft(qtype, instructions, options, descriptions, exclude)
+            base = self.backend.encode(drafted.suffix, bos=False)
             bad = {
                 lb.token_id
-                for lb in labels
-                if self.backend.encode(suffix + lb.spelling, bos=False) != [*base, lb.token_id]
+                for lb in drafted.labels
+                if self.backend.encode(drafted.suffix + lb.spelling, bos=False)
+                != [*base, lb.token_id]
             }
             if not bad:
-                return Position(suffix, tuple(labels))
+                return drafted
             exclude |= bad
         raise P.LabelError(f"no usable single-token labels for a {qtype} question in context")
 
@@ -207,6 +225,44 @@ class DecisionEngine:
         return self.position(q.type, q.instructions, q.options, q.descriptions)
 
     # ------------------------------------------------------------------ scoring
+
+    def check_length(
+        self,
+        prefix_text: str,
+        suffixes: Sequence[str],
+        *,
+        limit_field: str = "state",
+        joined: bool = False,
+    ) -> None:
+        """Refuse a prompt over ``max_input_tokens`` before the work that scales with it.
+
+        The prefix and each suffix are tokenized once, so this costs time proportional to the
+        input; only when their count is over the limit is the longest prompt tokenized whole,
+        once, for the exact number (a token can merge across a joint). A count within the
+        limit by a joint's merge is caught by :meth:`score_positions`. ``joined``: the
+        suffixes follow one another in a single prompt (a sequential schema run, before its
+        answers are written back); otherwise each one is its own prompt after the prefix.
+        """
+        if not suffixes:
+            return
+        sizes = [len(self.backend.encode(s, bos=False)) for s in suffixes]
+        longest = max(range(len(sizes)), key=sizes.__getitem__)
+        added = sum(sizes) if joined else sizes[longest]
+        if len(self.backend.encode(prefix_text)) + added <= self.max_input_tokens:
+            return
+        tail = "".join(suffixes) if joined else suffixes[longest]
+        n = len(self.backend.encode(prefix_text + tail))
+        if n > self.max_input_tokens:
+            when = " before any answer is written back" if joined else ""
+            raise self._too_long(n, limit_field, when)
+
+    def _too_long(self, n: int, limit_field: str, when: str = "") -> ContractError:
+        return ContractError(
+            limit_field,
+            f"the prompt has {n} tokens{when}, over the limit of {self.max_input_tokens} "
+            "(max_input_tokens); nothing is truncated: shorten the input or raise the limit",
+            kind="max_tokens_exceeded",
+        )
 
     def tokenize(
         self, prefix_text: str, suffixes: Sequence[str]
@@ -237,16 +293,10 @@ class DecisionEngine:
         ``naive=True`` runs each whole prompt through a plain full forward instead (no cache,
         no packing, full vocabulary): the reference the fast path is tested against.
         """
-        start = time.perf_counter()
         prefix, suffixes = self.tokenize(prefix_text, [p.suffix for p in positions])
         longest = len(prefix) + max((len(s) for s in suffixes), default=0)
         if longest > self.max_input_tokens:
-            raise ContractError(
-                limit_field,
-                f"the prompt has {longest} tokens, over the limit of {self.max_input_tokens} "
-                "(max_input_tokens); nothing is truncated: shorten the input or raise the limit",
-                kind="max_tokens_exceeded",
-            )
+            raise self._too_long(longest, limit_field)
         candidates = [[lb.token_id for lb in p.labels] for p in positions]
         if naive:
             logits = [
@@ -254,11 +304,9 @@ class DecisionEngine:
             ]
             cached = 0
         else:
-            result = self.backend.score(prefix, suffixes, candidates)
+            result = (self.scorer or self.backend.score)(prefix, suffixes, candidates)
             logits, cached = result.logits, result.cached_tokens
-        return Scored(
-            logits, len(prefix), [len(s) for s in suffixes], cached, time.perf_counter() - start
-        )
+        return Scored(logits, prefix, suffixes, cached)
 
     # ------------------------------------------------------------------ System One
 
@@ -286,13 +334,16 @@ class DecisionEngine:
         temperature = request.temperature or self.temperature
         prefix_text = P.render_prefix(self.format, request.state, self.context, self.specials)
         live = [q for q in request.questions if not q.is_trivial]
+        self.check_length(prefix_text, [
+            self.draft(q.type, q.instructions, q.options, q.descriptions).suffix for q in live
+        ])
         positions = [self.question_position(q) for q in live]
         scored = self.score_positions(prefix_text, positions, naive=naive) if live else None
         logits = dict(zip((q.name for q in live), scored.logits)) if scored else {}
         answers = {
             q.name: _answer(q, logits.get(q.name), temperature) for q in request.questions
         }
-        input_tokens = scored.prefix_tokens + sum(scored.suffix_tokens) if scored else 0
+        input_tokens = scored.input_tokens if scored else 0
         cached = scored.cached_tokens if scored else 0
         self.stats.requests += 1
         self.stats.questions += len(request.questions)
@@ -373,8 +424,16 @@ class DecisionEngine:
         if self._generator is None:
             from onepass.generate.runner import TextGenerator
 
-            self._generator = TextGenerator(self.backend, max_input_tokens=self.max_input_tokens)
+            self._generator = TextGenerator(self.backend, max_input_tokens=self.max_input_tokens,
+                                            **self.generation_options)
         return self._generator
+
+    def share_steps(self) -> None:
+        """Score decisions inside the scheduler's steps, packed with every other decision and
+        generation running at the same time (the server does this; a single-threaded caller
+        gains nothing from it)."""
+        if hasattr(self.backend, "step"):
+            self.scorer = self.generator.scheduler.score
 
     def generate(
         self, messages: str | Sequence[Mapping[str, Any]], *, system: str | None = None,

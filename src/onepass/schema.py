@@ -33,7 +33,7 @@ import math
 import random
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from onepass import prompt as P
-from onepass.contract import DEFAULT_MODEL_ALIAS, ContractError
+from onepass.contract import DEFAULT_MODEL_ALIAS, ContractError, finite_float
 from onepass.readout import argmax_first, restricted_softmax
 
 if TYPE_CHECKING:
@@ -56,6 +56,12 @@ MAX_ENUM_VALUES = 255
 MAX_SCORE_LEVELS = 11
 DEFAULT_OPEN_MAX_TOKENS = 32
 MAX_OPEN_TOKENS = 512
+MAX_GENERATED_TOKENS = 2048
+"""Open text one request may generate in all: each open field's bound (``max_open_tokens``,
+or ``maxLength + 1``) is summed before anything runs."""
+MAX_DECISION_SECONDS = 30.0
+"""Wall time one ``/v1/decisions`` request may compute, checked between fields and after
+every generated token: past it the request is refused (413), it never holds a worker longer."""
 ESCAPE_KEY = "x-open"
 """Probability key of the escape candidate of an open field."""
 DEFAULT_ESCAPE_TEXT = "other"
@@ -63,6 +69,11 @@ DEFAULT_ESCAPE_TEXT = "other"
 DEFAULT_FREE_TEXT = "write the answer"
 """Option text of the only candidate of an open string field without an enum."""
 _MAX_REF_DEPTH = 32
+MAX_COMPILE_STEPS = 200_000
+"""Work one compilation may do: each schema node resolved is a step, each ``$ref`` merge as
+many steps as the keys it copies, each declared value read a step. A ``$ref`` is expanded
+(and paid for) wherever it is used, so a small schema whose references fan out exponentially
+is refused, naming where the budget ran out, instead of being expanded."""
 _UNSUPPORTED = ("allOf", "not", "if", "then", "else", "patternProperties")
 
 
@@ -82,7 +93,10 @@ def _value_id(value: Any) -> tuple[str, str]:
         return ("s", value)
     if isinstance(value, bool) or value is None:
         return ("c", json.dumps(value))
-    return ("n", repr(float(value)))
+    if isinstance(value, (int, float)):
+        number = finite_float(value)  # 1 and 1.0 are one value; past a double, the int itself
+        return ("n", repr(value if number is None else number))
+    return ("o", repr(value))
 
 
 def _json_type(value: Any) -> str:
@@ -171,6 +185,15 @@ class SchemaField:
             )
         return (*self.descriptions, None) if self.open else self.descriptions
 
+    def generation_bound(self, max_open_tokens: int) -> int:
+        """Most tokens its open branch may generate (0 for a closed field): a token carries
+        at least one character, so ``maxLength + 1`` tokens are always enough."""
+        if not self.open:
+            return 0
+        if self.max_length is None:
+            return max_open_tokens
+        return min(max_open_tokens, self.max_length + 1)
+
     def contains(self, value: Any) -> bool:
         """Whether ``value`` is in the field's domain (an open field admits bounded strings)."""
         if _value_id(value) in {_value_id(v) for v in self.values}:
@@ -219,6 +242,8 @@ class CompiledSchema:
 
 
 def _field_error(keys: Sequence[str], message: str) -> ContractError:
+    if not keys:
+        return ContractError("schema", message)
     path = ".".join(keys)
     where = "schema" + "".join(f".properties.{k}" for k in keys)
     return ContractError(where, f"field '{path}': {message}")
@@ -234,8 +259,27 @@ def _types(node: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _resolve(node: Any, root: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+class _Budget:
+    """Steps one compilation has left (:data:`MAX_COMPILE_STEPS`)."""
+
+    def __init__(self, steps: int = MAX_COMPILE_STEPS):
+        self.left = steps
+
+    def spend(self, steps: int, keys: Sequence[str]) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise _field_error(
+                keys, f"the schema takes more than {MAX_COMPILE_STEPS} steps to compile (every "
+                "'$ref' is expanded where it is used, so references that fan out multiply): "
+                "declare fewer or less nested references"
+            )
+
+
+def _resolve(
+    node: Any, root: Mapping[str, Any], keys: Sequence[str], budget: _Budget
+) -> dict[str, Any]:
     """Follow local ``$ref`` pointers; keywords next to a ``$ref`` override the target's."""
+    budget.spend(1, keys)
     for _ in range(_MAX_REF_DEPTH):
         if not isinstance(node, dict):
             raise _field_error(keys, f"expected a schema object, got {_json_type(node)}")
@@ -252,13 +296,15 @@ def _resolve(node: Any, root: Mapping[str, Any], keys: Sequence[str]) -> dict[st
             target = target[part]
         if not isinstance(target, dict):
             raise _field_error(keys, f"'$ref' {ref!r} is not a schema object")
+        budget.spend(len(target) + len(node), keys)
         node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
     raise _field_error(keys, "'$ref' chain too deep (recursive schemas have no finite domain)")
 
 
-def _scalar_values(raw: Any, keys: Sequence[str], what: str) -> list[Any]:
+def _scalar_values(raw: Any, keys: Sequence[str], what: str, budget: _Budget) -> list[Any]:
     if not isinstance(raw, list) or not raw:
         raise _field_error(keys, f"'{what}' must be a non-empty array")
+    budget.spend(len(raw), keys)
     for v in raw:
         if isinstance(v, (dict, list)):
             raise _field_error(keys, f"'{what}' values must be strings, numbers, booleans or null")
@@ -293,7 +339,12 @@ def _decimals(x: float | int) -> int:
 
 
 def _range_levels(node: Mapping[str, Any], types: Sequence[str], keys: Sequence[str]) -> list:
-    """Levels of a bounded number: multiples of ``multipleOf`` (or ``minimum + i·x-step``)."""
+    """Levels of a bounded number: multiples of ``multipleOf`` (or ``minimum + i·x-step``).
+
+    The numbers are the client's: every quotient is checked finite and small before it is
+    rounded or counted, so extreme bounds or steps are a refusal naming the field, never an
+    overflow.
+    """
     lo, hi = node.get("minimum"), node.get("maximum")
     step = node.get("multipleOf", node.get("x-step"))
     integer = "integer" in types and "number" not in types
@@ -309,21 +360,31 @@ def _range_levels(node: Mapping[str, Any], types: Sequence[str], keys: Sequence[
         if "exclusiveMinimum" in node or "exclusiveMaximum" in node:
             hint += " (exclusive bounds are not supported: use minimum/maximum)"
         raise _field_error(keys, f"no finite domain: {hint}")
-    if not all(math.isfinite(x) for x in nums) or step <= 0 or hi < lo:
-        raise _field_error(keys, "needs finite minimum <= maximum and a step greater than 0")
-    digits = max(_decimals(lo), _decimals(step), _decimals(hi))
+    if any(finite_float(x) is None for x in nums) or step <= 0 or hi < lo:
+        raise _field_error(keys, "needs finite minimum <= maximum and a step greater than 0 "
+                           "(numbers a double can hold)")
     eps = 1e-9
+    try:  # integers stay exact (10**20 + 3 is not 10**20); a float quotient may reach inf
+        if "multipleOf" in node:
+            first, last = lo / step - eps, hi / step + eps
+        else:
+            first, last = 0.0, (hi - lo) / step
+    except OverflowError:  # an integer quotient past a double
+        first = last = math.inf
+    span = last - first  # at least span - 1 levels: past MAX + 1, too many for sure
+    if not (math.isfinite(first) and math.isfinite(span)):
+        raise _field_error(keys, "the levels cannot be counted: the bounds divided by the step "
+                           f"overflow a double; {hint}")
+    if span > MAX_SCORE_LEVELS + 1:
+        raise _field_error(keys, f"expands to more than {MAX_SCORE_LEVELS} levels: {hint}")
     if "multipleOf" in node:
-        first, last = math.ceil(lo / step - eps), math.floor(hi / step + eps)
-        raw = [k * step for k in range(first, last + 1)] if last - first < 1000 else None
+        raw = [k * step for k in range(math.ceil(first), math.floor(last) + 1)]
     else:
-        count = (hi - lo) / step
-        n = round(count) if abs(count - round(count)) < 1e-6 else math.floor(count)
-        raw = [lo + i * step for i in range(n + 1)] if count < 1000 else None
-    if raw is None or len(raw) > MAX_SCORE_LEVELS:
-        raise _field_error(
-            keys, f"expands to more than {MAX_SCORE_LEVELS} levels: {hint}"
-        )
+        n = round(last) if abs(last - round(last)) < 1e-6 else math.floor(last)
+        raw = [lo + i * step for i in range(n + 1)]
+    if len(raw) > MAX_SCORE_LEVELS:
+        raise _field_error(keys, f"expands to more than {MAX_SCORE_LEVELS} levels: {hint}")
+    digits = max(_decimals(lo), _decimals(step), _decimals(hi))
     all_int = isinstance(lo, int) and isinstance(step, int)
     levels: list[Any] = []
     for x in raw:
@@ -357,12 +418,13 @@ def _question(node: Mapping[str, Any], keys: Sequence[str]) -> Any:
             continue
         if not isinstance(text, (str, dict, list)) or (isinstance(text, str) and not text.strip()):
             raise _field_error(keys, f"'{key}' must be non-empty text (the question asked)")
-        _check_json(text, "schema")
-        return text
+        return text  # JSON-checked with the whole schema
     return f"What is the value of '{'.'.join(keys)}'?"
 
 
-def _leaf(node: dict[str, Any], root: Mapping[str, Any], keys: tuple[str, ...]) -> SchemaField:
+def _leaf(
+    node: dict[str, Any], root: Mapping[str, Any], keys: tuple[str, ...], budget: _Budget
+) -> SchemaField:
     types = _types(node, keys)
     question = _question(node, keys)
     bad = next((k for k in _UNSUPPORTED if k in node), None)
@@ -385,12 +447,12 @@ def _leaf(node: dict[str, Any], root: Mapping[str, Any], keys: tuple[str, ...]) 
             raise _field_error(keys, f"'{combo}' must be a non-empty array")
         values = []
         for branch in branches:
-            b = _resolve(branch, root, keys)
+            b = _resolve(branch, root, keys, budget)
             bt = _types(b, keys)
             if "const" in b:
                 values.append(b["const"])
             elif "enum" in b:
-                values.extend(_scalar_values(b["enum"], keys, "enum"))
+                values.extend(_scalar_values(b["enum"], keys, "enum", budget))
             elif bt and set(bt) <= {"boolean", "null"}:
                 values.extend(([True, False] if "boolean" in bt else []) + (
                     [None] if "null" in bt else []))
@@ -398,20 +460,22 @@ def _leaf(node: dict[str, Any], root: Mapping[str, Any], keys: tuple[str, ...]) 
                 raise _field_error(
                     keys, f"every '{combo}' branch must be an enum, a const, boolean or null"
                 )
-        values = [v for i, v in enumerate(values)
-                  if _value_id(v) not in {_value_id(w) for w in values[:i]}]
+        unique: dict[tuple[str, str], Any] = {}
+        for v in values:  # the first of equal values wins, in one pass
+            unique.setdefault(_value_id(v), v)
+        values = list(unique.values())
         kind = "enum"
     elif "const" in node:
-        values = _scalar_values([node["const"]], keys, "const")
+        values = _scalar_values([node["const"]], keys, "const", budget)
         kind = "enum"
     elif "enum" in node:
-        values = _scalar_values(node["enum"], keys, "enum")
+        values = _scalar_values(node["enum"], keys, "enum", budget)
         _check_types(values, types, keys)
         kind = "score" if score is True else "enum"
         if all(isinstance(v, bool) for v in values):
             kind = "boolean"
     elif isinstance(score, list):
-        values = _scalar_values(score, keys, "x-score")
+        values = _scalar_values(score, keys, "x-score", budget)
         _check_types(values, types, keys)
         kind = "score"
     elif types and set(types) <= {"boolean", "null"}:
@@ -477,30 +541,32 @@ def compile_schema(schema: Any) -> CompiledSchema:
     _check_json(schema, "schema")
     fields: list[SchemaField] = []
     slots: list[tuple[tuple[str, ...], SchemaField | None]] = []
+    budget = _Budget()
 
     def walk(node: dict[str, Any], keys: tuple[str, ...]) -> None:
         if len(keys) > _MAX_REF_DEPTH:
             raise _field_error(keys, "objects nested too deep (a recursive '$ref'?)")
         props = node.get("properties")
         if not isinstance(props, dict):
-            message = "expected an object schema with 'properties' (an object of field schemas)"
-            raise _field_error(keys, message) if keys else ContractError("schema", message)
+            raise _field_error(
+                keys, "expected an object schema with 'properties' (an object of field schemas)"
+            )
         for name, sub in props.items():
             if not name or "." in name:
                 raise _field_error((*keys, name), "property names must be non-empty, without '.'")
             child_keys = (*keys, name)
-            child = _resolve(sub, schema, child_keys)
+            child = _resolve(sub, schema, child_keys, budget)
             if "properties" in child or _types(child, child_keys) == ("object",):
                 slots.append((child_keys, None))
                 walk(child, child_keys)
             else:
-                leaf = _leaf(child, schema, child_keys)
+                leaf = _leaf(child, schema, child_keys, budget)
                 fields.append(leaf)
                 slots.append((child_keys, leaf))
             if len(fields) > MAX_FIELDS:
                 raise ContractError("schema", f"at most {MAX_FIELDS} fields are supported")
 
-    root = _resolve(schema, schema, ())
+    root = _resolve(schema, schema, (), budget)
     walk(root, ())
     if not fields:
         raise ContractError("schema.properties", "expected at least one field to decide")
@@ -514,14 +580,15 @@ def extend_schema(schema: Mapping[str, Any], learned: Mapping[str, str]) -> dict
     the result back makes the value one single-token label next time, the escape still open.
     """
     out = copy.deepcopy(dict(schema))
+    budget = _Budget()
     for path, value in learned.items():
-        node: dict[str, Any] = _resolve(out, out, ())
+        node: dict[str, Any] = _resolve(out, out, (), budget)
         keys = path.split(".")
         for i, key in enumerate(keys):
             props = node.get("properties")
             if not isinstance(props, dict) or key not in props:
                 raise ContractError("learned", f"{path!r} is not a field of the schema")
-            props[key] = _resolve(props[key], out, keys[: i + 1])  # inline: never edit a $def
+            props[key] = _resolve(props[key], out, keys[: i + 1], budget)  # never edit a $def
             node = props[key] = dict(props[key])
         enum = list(node.get("enum", []))
         if all(_value_id(v) != _value_id(value) for v in enum):
@@ -705,20 +772,19 @@ def read_json_string(body: str, max_length: int | None = None) -> str:
 
 def _generate_string(
     engine: DecisionEngine, tokens: list[int], lead: str, max_tokens: int,
-    max_length: int | None,
+    max_length: int | None, expired: Callable[[], bool],
 ) -> tuple[str, int, int, int]:
-    """Open the record's string (after ``lead``) and generate to its closing quote or a bound.
+    """Open the record's string (after ``lead``) and generate to its closing quote, a bound,
+    or ``expired()`` (checked after every token).
 
     Returns ``(value, prompt tokens, cached prompt tokens, generated tokens)``.
     """
     backend = engine.backend
     prompt = tokens + backend.encode(lead + '"', bos=False)
-    if max_length is not None:
-        max_tokens = min(max_tokens, max_length + 1)  # a token carries at least one character
 
     def closed(ids: list[int]) -> bool:
         text = backend.decode(ids)
-        return _string_end(text) is not None or (
+        return expired() or _string_end(text) is not None or (
             max_length is not None and len(read_json_string(text)) > max_length
         )
 
@@ -766,30 +832,47 @@ def _check_length(engine: DecisionEngine, n: int) -> None:
 
 
 class _Run:
-    """State of one decide_schema call: readout options and the usage tally."""
+    """State of one decision run: readout options, the wall-time bound and the usage tally."""
 
-    def __init__(self, engine: DecisionEngine, temperature: float, rng: random.Random | None,
-                 max_open_tokens: int):
+    def __init__(self, engine: DecisionEngine, plan: DecisionPlan):
         self.engine = engine
-        self.temperature = temperature
-        self.rng = rng
-        self.max_open_tokens = max_open_tokens
+        self.plan = plan
+        self.rng = random.Random(plan.seed) if plan.sample else None
+        self.started = time.monotonic()
+        self.decided = 0
         self.input_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
 
+    def expired(self) -> bool:
+        limit = self.plan.time_limit
+        return limit is not None and time.monotonic() - self.started > limit
+
+    def check_time(self) -> None:
+        """Between fields (and after generated text): past the time limit, refuse."""
+        if self.expired():
+            raise ContractError(
+                "schema",
+                f"deciding ran past the time limit of {self.plan.time_limit:g} s per request "
+                f"after {self.decided} of {len(self.plan.compiled.fields)} fields; nothing is "
+                "returned: split the schema, use batch mode or lower max_open_tokens",
+                kind="request_too_large",
+            )
+
     def readout(self, f: SchemaField, logits: list[float]) -> tuple[list[float], int]:
-        probs = restricted_softmax(logits, self.temperature)
+        probs = restricted_softmax(logits, self.plan.temperature)
         return probs, _choose(probs, self.rng)
 
     def open_value(self, f: SchemaField, tokens: list[int], lead: str) -> str:
         _check_length(self.engine, len(tokens) + 1)
         value, n, cached, out = _generate_string(
-            self.engine, tokens, lead, self.max_open_tokens, f.max_length
+            self.engine, tokens, lead, f.generation_bound(self.plan.max_open_tokens),
+            f.max_length, self.expired,
         )
         self.input_tokens += n
         self.cached_tokens += cached
         self.output_tokens += out
+        self.check_time()
         return value
 
     def decision(self, f: SchemaField, position: Any, probs: list[float], index: int,
@@ -797,6 +880,7 @@ class _Run:
         generated = f.open and index == len(f.values)
         lead = record_lead(position.labels[index])
         value = self.open_value(f, tokens, lead) if generated else f.values[index]
+        self.decided += 1
         return FieldDecision(
             f.path, value, dict(zip(f.keys_text, probs, strict=True)), position.labels[index].text,
             cached, len(tokens), generated, tuple(tokens),
@@ -808,9 +892,11 @@ def _trivial(f: SchemaField) -> FieldDecision:
     return FieldDecision(f.path, f.values[0], {value_text(f.values[0]): 1.0}, None)
 
 
-def _position(engine: DecisionEngine, f: SchemaField) -> Any:
+def _position(engine: DecisionEngine, f: SchemaField, *, checked: bool = True) -> Any:
+    """The field's question position; ``checked=False``: a draft (see ``engine.draft``)."""
+    render = engine.position if checked else engine.draft
     try:
-        return engine.position(f.qtype, f.question, f.option_names(), f.option_descriptions())
+        return render(f.qtype, f.question, f.option_names(), f.option_descriptions())
     except P.LabelError as exc:  # more values than the tokenizer has single-token labels
         raise _field_error(f.keys, f"{exc}; declare fewer values") from None
 
@@ -818,6 +904,13 @@ def _position(engine: DecisionEngine, f: SchemaField) -> Any:
 def _sequential(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[FieldDecision]:
     engine = run.engine
     backend = engine.backend
+    live = [f for f in compiled.fields if not f.trivial]
+    drafts = [_position(engine, f, checked=False).suffix for f in live]
+    engine.check_length(
+        prefix_text,
+        drafts[:1] + [turn_break(engine) + _next_turn(engine, d) for d in drafts[1:]],
+        limit_field="context", joined=True,
+    )
     text: str | None = None
     tokens: list[int] = []
     record = ""
@@ -826,6 +919,7 @@ def _sequential(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[F
         if f.trivial:
             out.append(_trivial(f))
             continue
+        run.check_time()
         position = _position(engine, f)
         if text is None:
             new_text = prefix_text + position.suffix
@@ -855,17 +949,24 @@ def _sequential(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[F
 def _batch(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[FieldDecision]:
     engine = run.engine
     live = [f for f in compiled.fields if not f.trivial]
+    engine.check_length(
+        prefix_text, [_position(engine, f, checked=False).suffix for f in live],
+        limit_field="context",
+    )
     positions = {f.path: _position(engine, f) for f in live}
+    run.check_time()
     scored_fields = [f for f in live if f.kind != "open"]
     logits: dict[str, list[float]] = {}
+    prompts: dict[str, list[int]] = {}
     cached = 0
     if scored_fields:
         scored = engine.score_positions(
             prefix_text, [positions[f.path] for f in scored_fields], limit_field="context"
         )
-        logits = {f.path: lg for f, lg in zip(scored_fields, scored.logits, strict=True)}
+        for f, lg, suffix in zip(scored_fields, scored.logits, scored.suffixes, strict=True):
+            logits[f.path], prompts[f.path] = lg, scored.prefix + suffix
         cached = scored.cached_tokens
-        run.input_tokens += scored.prefix_tokens + sum(scored.suffix_tokens)
+        run.input_tokens += scored.input_tokens
         run.cached_tokens += cached
         run.output_tokens += len(scored_fields)
     out = []
@@ -873,12 +974,119 @@ def _batch(run: _Run, compiled: CompiledSchema, prefix_text: str) -> list[FieldD
         if f.trivial:
             out.append(_trivial(f))
             continue
+        run.check_time()
         position = positions[f.path]
-        tokens = engine.backend.encode(prefix_text + position.suffix)
+        tokens = prompts.get(f.path) or engine.backend.encode(prefix_text + position.suffix)
         probs, index = run.readout(f, logits.get(f.path, [0.0]))
         field_cached = cached if f.kind != "open" else 0
         out.append(run.decision(f, position, probs, index, tokens, field_cached))
     return out
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """A validated decision request: options checked, schema compiled, bounds checked.
+
+    Making one costs no model work (so the server makes it before queueing anything);
+    :func:`run_plan` is the model work.
+    """
+
+    context: Any
+    compiled: CompiledSchema
+    mode: Mode
+    temperature: float
+    sample: bool
+    seed: int | None
+    max_open_tokens: int
+    time_limit: float | None = None
+
+
+def plan_decisions(
+    engine: DecisionEngine,
+    context: Any,
+    schema: Mapping[str, Any] | CompiledSchema,
+    *,
+    mode: Mode = "sequential",
+    temperature: float | None = None,
+    sample: bool = False,
+    seed: int | None = None,
+    max_open_tokens: int = DEFAULT_OPEN_MAX_TOKENS,
+    max_fields: int = MAX_FIELDS,
+    time_limit: float | None = None,
+) -> DecisionPlan:
+    """Check every option, compile ``schema`` and check the work it asks for: at most
+    ``max_fields`` fields and :data:`MAX_GENERATED_TOKENS` of open text (see
+    :func:`decide_schema` for the options; ``time_limit`` bounds the run's wall time)."""
+    if mode not in MODES:
+        raise ContractError("mode", f"expected 'sequential' or 'batch', got {mode!r}")
+    if context is None:
+        raise ContractError("context", "expected a string or a JSON value, got null")
+    _check_json(context, "context")
+    if temperature is None:
+        temperature = engine.temperature
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ContractError("temperature", "expected a finite number greater than 0")
+    temperature = finite_float(temperature)
+    if temperature is None or temperature <= 0:
+        raise ContractError("temperature", "expected a finite number greater than 0")
+    if not isinstance(sample, bool):
+        raise ContractError("sample", f"expected true or false, got {_json_type(sample)}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ContractError("seed", f"expected an integer or null, got {_json_type(seed)}")
+    if (isinstance(max_open_tokens, bool) or not isinstance(max_open_tokens, int)
+            or not 1 <= max_open_tokens <= MAX_OPEN_TOKENS):
+        raise ContractError("max_open_tokens", f"expected an integer from 1 to {MAX_OPEN_TOKENS}")
+    compiled = compile_schema(schema)
+    if len(compiled.fields) > max_fields:
+        raise ContractError(
+            "schema",
+            f"{len(compiled.fields)} fields is over the limit of {max_fields} per request "
+            "(max_questions); split the schema",
+            kind="too_many_questions",
+        )
+    open_fields = [f for f in compiled.fields if f.open]
+    if open_fields and not hasattr(engine.backend, "generate"):
+        raise ContractError("schema", "open fields need a backend that can generate text",
+                            kind="unsupported")
+    generated = sum(f.generation_bound(max_open_tokens) for f in open_fields)
+    if generated > MAX_GENERATED_TOKENS:
+        raise ContractError(
+            "max_open_tokens",
+            f"{len(open_fields)} open fields may generate {generated} tokens, over the limit of "
+            f"{MAX_GENERATED_TOKENS} per request: lower max_open_tokens, set maxLength on the "
+            "open fields, or split the schema",
+            kind="max_tokens_exceeded",
+        )
+    return DecisionPlan(context, compiled, mode, temperature, sample, seed, max_open_tokens,
+                        time_limit)
+
+
+def run_plan(engine: DecisionEngine, plan: DecisionPlan) -> SchemaDecision:
+    """Decide every field of a checked plan (the model work of :func:`decide_schema`)."""
+    start = time.perf_counter()
+    run = _Run(engine, plan)
+    prefix_text = P.render_prefix(engine.format, plan.context, engine.context, engine.specials)
+    decided = (_sequential if plan.mode == "sequential" else _batch)(run, plan.compiled,
+                                                                     prefix_text)
+    fields = {d.path: d for d in decided}
+    stats = getattr(engine, "stats", None)
+    if stats is not None:  # the same counters System One requests feed
+        stats.requests += 1
+        stats.questions += len(plan.compiled.fields)
+        stats.input_tokens += run.input_tokens
+        stats.cached_tokens += run.cached_tokens
+    return SchemaDecision(
+        model=engine.served_name,
+        mode=plan.mode,
+        value=plan.compiled.assemble({p: d.value for p, d in fields.items()}),
+        fields=fields,
+        usage={
+            "input_tokens": run.input_tokens,
+            "output_tokens": run.output_tokens,
+            "cached_tokens": run.cached_tokens,
+        },
+        seconds=time.perf_counter() - start,
+    )
 
 
 def decide_schema(
@@ -891,68 +1099,32 @@ def decide_schema(
     sample: bool = False,
     seed: int | None = None,
     max_open_tokens: int = DEFAULT_OPEN_MAX_TOKENS,
+    time_limit: float | None = None,
 ) -> SchemaDecision:
     """Decide every field of ``schema`` about ``context``; values are always declared values.
 
     ``mode="sequential"`` lets each field read the earlier answers (one growing, cached
     prompt); ``"batch"`` reads the context only (one packed forward). ``temperature`` acts on
     the candidate distribution only; ``sample=True`` draws from it (reproducibly with
-    ``seed``), otherwise the argmax is taken. ``max_open_tokens`` bounds open-branch text.
+    ``seed``), otherwise the argmax is taken. ``max_open_tokens`` bounds each open field's
+    text, :data:`MAX_GENERATED_TOKENS` all of it; ``time_limit`` (seconds) bounds the run.
     """
-    if mode not in MODES:
-        raise ContractError("mode", f"expected 'sequential' or 'batch', got {mode!r}")
-    if context is None:
-        raise ContractError("context", "expected a string or a JSON value, got null")
-    _check_json(context, "context")
-    if temperature is None:
-        temperature = engine.temperature
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not math.isfinite(temperature) or temperature <= 0):
-        raise ContractError("temperature", "expected a finite number greater than 0")
-    if not isinstance(sample, bool):
-        raise ContractError("sample", f"expected true or false, got {_json_type(sample)}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ContractError("seed", f"expected an integer or null, got {_json_type(seed)}")
-    if (isinstance(max_open_tokens, bool) or not isinstance(max_open_tokens, int)
-            or not 1 <= max_open_tokens <= MAX_OPEN_TOKENS):
-        raise ContractError("max_open_tokens", f"expected an integer from 1 to {MAX_OPEN_TOKENS}")
-    compiled = compile_schema(schema)
-    if any(f.open for f in compiled.fields) and not hasattr(engine.backend, "generate"):
-        raise ContractError("schema", "open fields need a backend that can generate text",
-                            kind="unsupported")
-    start = time.perf_counter()
-    rng = random.Random(seed) if sample else None
-    run = _Run(engine, float(temperature), rng, max_open_tokens)
-    prefix_text = P.render_prefix(engine.format, context, engine.context, engine.specials)
-    decided = (_sequential if mode == "sequential" else _batch)(run, compiled, prefix_text)
-    fields = {d.path: d for d in decided}
-    stats = getattr(engine, "stats", None)
-    if stats is not None:  # the same counters System One requests feed
-        stats.requests += 1
-        stats.questions += len(compiled.fields)
-        stats.input_tokens += run.input_tokens
-        stats.cached_tokens += run.cached_tokens
-    return SchemaDecision(
-        model=engine.served_name,
-        mode=mode,
-        value=compiled.assemble({p: d.value for p, d in fields.items()}),
-        fields=fields,
-        usage={
-            "input_tokens": run.input_tokens,
-            "output_tokens": run.output_tokens,
-            "cached_tokens": run.cached_tokens,
-        },
-        seconds=time.perf_counter() - start,
-    )
+    return run_plan(engine, plan_decisions(
+        engine, context, schema, mode=mode, temperature=temperature, sample=sample, seed=seed,
+        max_open_tokens=max_open_tokens, time_limit=time_limit,
+    ))
 
 
 # --------------------------------------------------------------------------- wire
 
 
-def decide_request(engine: DecisionEngine, body: Any) -> dict[str, Any]:
-    """``POST /v1/decisions``: validate the decoded body, decide, return the response dict.
+def parse_decisions(
+    engine: DecisionEngine, body: Any, *, max_fields: int = MAX_FIELDS
+) -> DecisionPlan:
+    """``POST /v1/decisions``: validate the decoded body into a plan, with no model work.
 
-    Client faults raise :class:`ContractError` naming the field (the server answers 4xx).
+    Client faults raise :class:`ContractError` naming the field (the server answers 4xx). The
+    run is bounded by ``max_fields`` fields and :data:`MAX_DECISION_SECONDS` of wall time.
     """
     if not isinstance(body, dict):
         raise ContractError("body", f"expected a JSON object, got {_json_type(body)}")
@@ -966,7 +1138,7 @@ def decide_request(engine: DecisionEngine, body: Any) -> dict[str, Any]:
         raise ContractError("schema", "field required: an object JSON Schema with 'properties'")
     if "mode" not in body:
         raise ContractError("mode", "field required: 'sequential' or 'batch'")
-    decision = decide_schema(
+    return plan_decisions(
         engine,
         body["context"],
         body["schema"],
@@ -975,12 +1147,13 @@ def decide_request(engine: DecisionEngine, body: Any) -> dict[str, Any]:
         sample=body.get("sample", False),
         seed=body.get("seed"),
         max_open_tokens=body.get("max_open_tokens", DEFAULT_OPEN_MAX_TOKENS),
+        max_fields=max_fields,
+        time_limit=MAX_DECISION_SECONDS,
     )
-    return decision.to_dict()
 
 
 class DecisionsRequestModel(BaseModel):
-    """``POST /v1/decisions`` body, for the OpenAPI document (validation: decide_request)."""
+    """``POST /v1/decisions`` body, for the OpenAPI document (validation: parse_decisions)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     model: str | None = Field(default=None, examples=[DEFAULT_MODEL_ALIAS])

@@ -1,13 +1,14 @@
 """The System One HTTP server: ``create_app(engine_or_loader, settings)``.
 
-Routes: ``POST /v1/systemone`` (and ``POST /v1/decisions`` when :mod:`onepass.schema` is
-present), ``GET /v1/models``, ``GET /health``, ``GET /health/live``, ``GET /metrics``, and the
-OpenAPI document at ``/openapi.json`` (``/docs`` renders it).
+Routes: ``POST /v1/systemone``, ``POST /v1/decisions``, ``GET /v1/models``, ``GET /health``,
+``GET /health/live``, ``GET /metrics``, and the OpenAPI document at ``/openapi.json``
+(``/docs`` renders it).
 
 The request path: auth → readiness → body (size cap, Content-Encoding decoded with a cap on
-the decoded size) → JSON (duplicate keys refused) → contract validation → bounded queue →
-engine on a worker thread → typed JSON response. Every response, errors included, carries
-``x-typesafe-request-id``; every API request writes one structured access-log line.
+the decoded size) → JSON (duplicate keys refused) → contract validation (a decisions schema is
+compiled here, under a step budget) → bounded queue → engine on a worker thread → typed JSON
+response. Every response, errors included, carries ``x-typesafe-request-id``; every API
+request writes one structured access-log line.
 
 Modules: ``body`` (bytes → JSON), ``encoding`` (Content-Encoding with caps), ``errors``
 (envelope and status table), ``context`` (request id, access log, 500s), ``runtime`` (engine
@@ -16,6 +17,7 @@ loading, queue, drain), ``scheduler`` (bounded queue + deadline), ``metrics``, `
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import math
 import time
@@ -38,6 +40,12 @@ from onepass.contract import (
     parse_request,
 )
 from onepass.prompt import LabelError
+from onepass.schema import (
+    DecisionsRequestModel,
+    DecisionsResponseModel,
+    parse_decisions,
+    run_plan,
+)
 from onepass.server.body import read_json
 from onepass.server.context import (
     RequestContextMiddleware,
@@ -51,13 +59,6 @@ from onepass.server.playground import register as register_playground
 from onepass.server.routes_generation import register as register_generation
 from onepass.server.runtime import Runtime
 from onepass.server.settings import ServerSettings
-
-try:  # POST /v1/decisions: ordered JSON-Schema decisions, when that module is present
-    from onepass.schema import DecisionsRequestModel, DecisionsResponseModel, decide_request
-except ImportError:  # pragma: no cover - depends on the checkout
-    decide_request = None  # type: ignore[assignment]
-    DecisionsRequestModel = DecisionsResponseModel = None  # type: ignore[assignment,misc]
-
 
 
 class ErrorBody(BaseModel):
@@ -229,13 +230,14 @@ def create_app(
         tags=["System One"],
     )
     async def systemone(request: Request) -> Response:
-        engine = rt.require_engine()
+        rt.require_engine()  # ready (or a 503) before the body is read
         raw = await read_json(request, settings)
         fields = log_fields(request)
         try:
             parsed = parse_request(raw)
         except ContractError as exc:
             raise from_contract(exc, raw) from None
+        engine = rt.require_engine(parsed.model)  # an unknown model: 404 before any work
         fields["model"] = parsed.model or engine.served_name
         fields["questions"] = len(parsed.questions)
         if len(parsed.questions) > settings.max_questions:
@@ -249,14 +251,15 @@ def create_app(
             engine.check_model(parsed.model)
         except ContractError as exc:
             raise from_contract(exc, raw) from None
-        result = await _answer(request, lambda: engine.answer(parsed), raw)
+        result = await _answer(request, lambda: engine.answer(parsed), raw, engine=engine)
         return StrictJSONResponse(result)
 
     async def _answer(request: Request, work: Callable[[], Any], raw: Any,
-                      schema: type[BaseModel] = SystemOneRequestModel) -> dict[str, Any]:
+                      schema: type[BaseModel] = SystemOneRequestModel,
+                      engine: Any = None) -> dict[str, Any]:
         fields = log_fields(request)
         try:
-            result = await rt.run(request, work)
+            result = await rt.run(request, work, engine)
         except ContractError as exc:
             raise from_contract(exc, raw, schema) from None
         except LabelError as exc:
@@ -271,39 +274,53 @@ def create_app(
                                   fields.get("compute_ms", 0) / 1000)
         return result
 
-    if decide_request is not None:
-
-        @app.post(
-            "/v1/decisions",
-            dependencies=auth,
-            response_class=StrictJSONResponse,
-            responses={200: {"model": DecisionsResponseModel}, **_ERROR_RESPONSES},
-            openapi_extra=_body_spec("DecisionsRequestModel"),
-            summary="Fill an ordered JSON Schema with typed decisions",
-            tags=["Decisions"],
-        )
-        async def decisions(request: Request) -> Response:
-            engine = rt.require_engine()
-            raw = await read_json(request, settings)
-            result = await _answer(
-                request, lambda: decide_request(engine, raw), raw, DecisionsRequestModel
+    @app.post(
+        "/v1/decisions",
+        dependencies=auth,
+        response_class=StrictJSONResponse,
+        responses={200: {"model": DecisionsResponseModel}, **_ERROR_RESPONSES},
+        openapi_extra=_body_spec("DecisionsRequestModel"),
+        summary="Fill an ordered JSON Schema with typed decisions",
+        tags=["Decisions"],
+    )
+    async def decisions(request: Request) -> Response:
+        rt.require_engine()
+        raw = await read_json(request, settings)
+        model = raw.get("model") if isinstance(raw, dict) else None
+        engine = rt.require_engine(model if isinstance(model, str) else None)
+        try:  # validation and compilation (bounded) before anything is queued, off the loop
+            plan = await asyncio.to_thread(
+                parse_decisions, engine, raw, max_fields=settings.max_questions
             )
-            return StrictJSONResponse(result)
+        except ContractError as exc:
+            raise from_contract(exc, raw, DecisionsRequestModel) from None
+        fields = log_fields(request)
+        fields["model"] = raw.get("model") or engine.served_name
+        fields["questions"] = len(plan.compiled.fields)
+        result = await _answer(
+            request, lambda: run_plan(engine, plan).to_dict(), raw, DecisionsRequestModel,
+            engine,
+        )
+        return StrictJSONResponse(result)
 
     @app.get("/v1/models", dependencies=auth, tags=["System One"],
              response_class=StrictJSONResponse,
              responses={200: {"model": ModelList}, 401: _ERROR_RESPONSES[401],
                         403: _ERROR_RESPONSES[403], 503: _ERROR_RESPONSES[503]},
-             summary="The served model and its aliases")
+             summary="The served models and the default model's aliases")
     async def models() -> Response:
-        engine = rt.require_engine()
-        name = engine.served_name
-        names = [name] + [a for a in (DEFAULT_MODEL_ALIAS,) if a != name]
-        descriptions = {
-            name: f"onepass typed-decision model {name!r}"
-            + (" with a system context" if getattr(engine, "context", None) else ""),
-            DEFAULT_MODEL_ALIAS: f"alias of {name!r} (so is any 'jev-*' name)",
-        }
+        default = rt.require_engine()
+        names: list[str] = []
+        descriptions: dict[str, str] = {}
+        for engine in rt.engines.values():
+            names.append(engine.served_name)
+            descriptions[engine.served_name] = (
+                f"onepass model {engine.served_name!r}: typed decisions and text generation"
+                + (" with a system context" if getattr(engine, "context", None) else ""))
+        if DEFAULT_MODEL_ALIAS not in names:
+            names.append(DEFAULT_MODEL_ALIAS)
+            descriptions[DEFAULT_MODEL_ALIAS] = (
+                f"alias of {default.served_name!r} (so is any 'jev-*' name)")
         return StrictJSONResponse({
             "object": "list",
             "data": [{"id": n, "object": "model", "owned_by": "onepass"} for n in names],
@@ -349,10 +366,7 @@ def create_app(
         doc = get_openapi(title=app.title, version=app.version, summary=app.summary,
                           routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        models = [SystemOneRequestModel]
-        if DecisionsRequestModel is not None:
-            models.append(DecisionsRequestModel)
-        for model in models:
+        for model in (SystemOneRequestModel, DecisionsRequestModel):
             schema = model.model_json_schema(
                 ref_template="#/components/schemas/{model}", by_alias=True
             )
