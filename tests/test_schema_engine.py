@@ -147,6 +147,7 @@ def test_batch_is_one_forward_and_each_field_equals_asking_it_alone(engine, monk
         return score(prefix, suffixes, candidates)
 
     monkeypatch.setattr(engine.backend, "score", counting)
+    monkeypatch.setattr(engine, "scorer", None)  # a server test may have shared steps
     d = engine.decide_schema(CONTEXT, SCHEMA, mode="batch")
     assert calls == [4]  # every field is one branch of one packed forward
     compiled = compile_schema(SCHEMA)
@@ -220,6 +221,7 @@ def _bias(engine, monkeypatch, toward_escape: bool):
 
     monkeypatch.setattr(engine.backend, "generate", biased_generate)
     monkeypatch.setattr(engine.backend, "score", biased_score)
+    monkeypatch.setattr(engine, "scorer", None)  # a server test may have shared steps
     return calls
 
 
