@@ -333,15 +333,17 @@ class GenerationScheduler:
                         self._settle(task, SchedulerClosed("the server is shutting down"))
                     self._decisions_waiting.clear()
                     return
-                self._admit()
-            try:
+            try:  # a fault fails the work in flight, never the thread (callers would wait)
+                with self._cond:
+                    self._admit()
                 self._step()
-            except Exception as exc:  # a fault fails the work of this step, not the server
+            except Exception as exc:
                 log.error("step failed", exc_info=True)
-                for seq in list(self._active):
-                    self._finish(seq, "error", exc)
-                for task in list(self._decisions):
-                    self._settle(task, exc)
+                with self._cond:
+                    for seq in list(self._active):
+                        self._finish(seq, "error", exc)
+                    for task in list(self._decisions):
+                        self._settle(task, exc)
 
     def _idle_ends(self) -> bool:
         return bool(self._waiting or self._active or self._decisions_waiting or self._decisions)
