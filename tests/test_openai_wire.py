@@ -347,3 +347,75 @@ def test_store_expires_by_age_and_deletes():
     assert store.delete("b") and not store.delete("b") and store.get("b") is None
     with pytest.raises(ValueError):
         ResponseStore(max_entries=0)
+
+
+# ------------------------------------------------------------ the documentation models
+
+
+def test_documented_request_fields_are_exactly_the_accepted_ones():
+    """openai_schema documents every field openai.py accepts, and nothing it refuses."""
+    from onepass.server import openai_schema as S
+
+    for model, accepted in ((S.ChatCompletionRequestModel, W.CHAT_FIELDS),
+                            (S.CompletionRequestModel, W.COMPLETION_FIELDS),
+                            (S.ResponseRequestModel, W.RESPONSES_FIELDS)):
+        documented = set(model.model_fields)
+        assert documented == set(accepted), (model.__name__, documented ^ set(accepted))
+        assert all(model.model_fields[f].description for f in documented), model.__name__
+    assert set(S.StreamOptions.model_fields) == set(W.STREAM_OPTIONS)
+
+
+def test_documented_examples_are_accepted_and_ranges_match_the_parser():
+    from onepass.server import openai_schema as S
+
+    parsers = {S.ChatCompletionRequestModel: W.parse_chat,
+               S.CompletionRequestModel: W.parse_completion,
+               S.ResponseRequestModel: W.parse_responses}
+    checked = 0
+    for model, parse in parsers.items():
+        schema = model.model_json_schema()
+        parse(schema["examples"][0])
+        props = schema["properties"]
+        # the documented bounds are the parser's: one past each bound is refused
+        example = {k: schema["examples"][0][k] for k in schema["required"]}
+        if "echo" in props:
+            example["echo"] = True  # completions: max_tokens 0 is taken only with echo
+        for name, spec in props.items():
+            number = next((s for s in spec.get("anyOf", [spec]) if s.get("type") in
+                           ("integer", "number")), None)
+            if number is None or name in ("top_logprobs",):
+                continue
+            step = 1 if number["type"] == "integer" else 0.5
+            for key, outside in (("maximum", step), ("minimum", -step),
+                                 ("exclusiveMinimum", 0), ("exclusiveMaximum", 0)):
+                if key in number:
+                    body = {**example, name: number[key] + outside}
+                    with pytest.raises(ContractError) as err:
+                        parse(body)
+                    assert err.value.field == name, (model.__name__, name, key)
+                    checked += 1
+                    if key in ("maximum", "minimum"):
+                        parse({**example, name: number[key]})  # the bound itself is taken
+    assert checked >= 3 * 12  # every sampler range on each route, plus n, limits, logprobs
+
+
+def test_documented_response_models_match_the_built_objects():
+    """Extra fields are forbidden in the models: a key added or dropped fails here."""
+    from onepass.server import openai_schema as S
+
+    choices = [W.Choice("Hi é", list(TOKENS), "stop"), W.Choice("Yo", [], "length")]
+    usage = W.Usage.of(FINISHES)
+    S.ChatCompletionResponseModel.model_validate(
+        W.chat_completion("chatcmpl-1", 5, "m", choices, usage, True))
+    lp = W.TextLogprobs()
+    lp.add_generated(TOKENS)
+    S.CompletionResponseModel.model_validate(
+        W.text_completion("cmpl-1", 1, "m", ["Hi é"], ["stop"], [lp], usage))
+    req = W.parse_responses({"input": "x", "store": True, "metadata": {"k": "v"}})
+    body = W.response_object("resp_1", 1, "m", req, status="incomplete", limit=3,
+                             output=[W.output_message("msg_1", "abc", "incomplete")],
+                             usage=W.Usage.of(FINISHES[1:]))
+    S.ResponseObjectModel.model_validate(body)
+    S.ResponseInputItemsModel.model_validate(W.input_items_page(req.input_items, {}))
+    with pytest.raises(ValueError):
+        S.ResponseObjectModel.model_validate({**body, "surprise": 1})

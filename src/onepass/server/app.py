@@ -1,8 +1,8 @@
 """The System One HTTP server: ``create_app(engine_or_loader, settings)``.
 
 Routes: ``POST /v1/systemone``, ``POST /v1/decisions``, ``GET /v1/models``, ``GET /health``,
-``GET /health/live``, ``GET /metrics``, and the OpenAPI document at ``/openapi.json``
-(``/docs`` renders it).
+``GET /health/live``, ``GET /metrics``, ``GET /.skill`` (how to call each, for an LLM agent), and
+the OpenAPI document at ``/openapi.json`` (``/docs`` renders it).
 
 The request path: auth → readiness → body (size cap, Content-Encoding decoded with a cap on
 the decoded size) → JSON (duplicate keys refused) → contract validation (a decisions schema is
@@ -55,10 +55,12 @@ from onepass.server.context import (
     request_id,
 )
 from onepass.server.errors import ApiError, from_contract, retry_headers
+from onepass.server.openai_schema import REQUEST_MODELS as GENERATION_REQUEST_MODELS
 from onepass.server.playground import register as register_playground
 from onepass.server.routes_generation import register as register_generation
 from onepass.server.runtime import Runtime
 from onepass.server.settings import ServerSettings
+from onepass.server.skill import register as register_skill
 
 
 class ErrorBody(BaseModel):
@@ -112,6 +114,35 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
               "retry-after": {"schema": {"type": "integer"}}}},
     503: {"model": ErrorResponse, "description": "Model loading or server shutting down"},
 }
+
+
+# a working request for each body model without its own example (shown by /docs and /.skill;
+# a test sends each one to the server)
+_BODY_EXAMPLES: dict[str, dict[str, Any]] = {
+    "SystemOneRequestModel": {
+        "state": "Hello! How are you today?",
+        "questions": {"greeting": {"type": "noul", "instructions": "The text is a greeting."}},
+    },
+    "DecisionsRequestModel": {
+        "context": "Team lunch with a client: 42 EUR, receipt attached.",
+        "schema": {"type": "object", "properties": {
+            "category": {"enum": ["meal", "travel", "equipment"]},
+            "refundable": {"type": "boolean", "description": "Is the expense refundable?"}}},
+        "mode": "sequential",
+    },
+}
+
+
+def served_routes(app: FastAPI) -> str:
+    """``METHOD path`` of every documented route, from the app's own route table (so the 404
+    message cannot drift from what is served); methods of one path are joined with ``/``."""
+    by_path: dict[str, list[str]] = {}
+    for route in app.routes:
+        if getattr(route, "include_in_schema", False):
+            methods = sorted(m for m in getattr(route, "methods", None) or () if m != "HEAD")
+            by_path.setdefault(getattr(route, "path", ""), []).extend(methods)
+    return ", ".join(f"{'/'.join(methods)} {path}" for path, methods in by_path.items()
+                     if methods)
 
 
 def _body_spec(schema_name: str) -> dict[str, Any]:
@@ -192,8 +223,8 @@ def create_app(
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         method, path = request.method, request.url.path
         if exc.status_code == 404:
-            message = f"no route {method} {path}; this server answers POST /v1/systemone, " \
-                      "GET /v1/models, GET /health, GET /health/live and GET /metrics"
+            message = f"no route {method} {path}; this server answers {served_routes(app)} " \
+                      "(GET /.skill says how to call each)"
             if path.startswith("/v1/v1/"):
                 message += " (the client's base URL must not end in /v1: use http://host:port)"
             error = ApiError.of("not_found", message)
@@ -330,6 +361,7 @@ def create_app(
 
     register_generation(app, rt, settings, auth)  # OpenAI chat, completions, responses
     register_playground(app, settings)  # GET /: the playground page (off: --no-playground)
+    register_skill(app, settings)  # GET /.skill: how to call every route, for an LLM agent
 
     # ------------------------------------------------------------------ ops routes
 
@@ -366,12 +398,19 @@ def create_app(
         doc = get_openapi(title=app.title, version=app.version, summary=app.summary,
                           routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (SystemOneRequestModel, DecisionsRequestModel):
+        for model in (SystemOneRequestModel, DecisionsRequestModel,
+                      *GENERATION_REQUEST_MODELS.values()):
             schema = model.model_json_schema(
                 ref_template="#/components/schemas/{model}", by_alias=True
             )
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
+        for item in doc.get("paths", {}).values():
+            for op in item.values():
+                media = op.get("requestBody", {}).get("content", {}).get("application/json")
+                name = (media or {}).get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
+                if name in _BODY_EXAMPLES:
+                    media["example"] = _BODY_EXAMPLES[name]
         app.openapi_schema = doc
         return doc
 

@@ -34,26 +34,29 @@ MAX_METADATA_PAIRS = 16
 INPUT_ITEMS_DEFAULT_LIMIT = 20
 INPUT_ITEMS_MAX_LIMIT = 100
 
+# The accepted top-level fields of each route (openai_schema.py documents exactly these).
 # sampling fields every dialect takes under its OpenAI (or vLLM extension) name
-_SAMPLING = (
+SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "stop", "ignore_eos",
 )
 # fields that change nothing in a local server (identity, bookkeeping, routing hints)
-_HARMLESS = ("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
-             "prompt_cache_retention", "parallel_tool_calls")
-_CHAT_FIELDS = frozenset({
+HARMLESS_FIELDS = ("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
+                   "prompt_cache_retention", "parallel_tool_calls")
+CHAT_FIELDS = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream",
-    "stream_options", "logprobs", "top_logprobs", *_SAMPLING, *_HARMLESS,
+    "stream_options", "logprobs", "top_logprobs", *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
-_COMPLETION_FIELDS = frozenset({
+COMPLETION_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "n", "stream", "stream_options", "logprobs", "echo",
-    *_SAMPLING, *_HARMLESS,
+    *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
-_RESPONSES_FIELDS = frozenset({
+RESPONSES_FIELDS = frozenset({
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "store",
-    "previous_response_id", *_SAMPLING, *_HARMLESS,
+    "previous_response_id", *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
+# stream_options keys (include_obfuscation is accepted and has no effect here)
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 # meaningful OpenAI fields this server does not implement yet: refused, never ignored
 _NOT_YET = {
     "tools": "function tools",
@@ -149,7 +152,7 @@ def _int(body: Mapping[str, Any], name: str, low: int, high: int | None) -> int 
 
 def _sampling(body: Mapping[str, Any], logprobs: int | None,
               max_tokens: int | None) -> SamplingParams:
-    fields = {k: body[k] for k in _SAMPLING if k in body}
+    fields = {k: body[k] for k in SAMPLING_FIELDS if k in body}
     return SamplingParams.from_request({**fields, "logprobs": logprobs, "max_tokens": max_tokens})
 
 
@@ -163,7 +166,7 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     if not isinstance(options, dict):
         raise ContractError("stream_options", f"expected an object, got {_describe(options)}")
     for key in options:
-        if key not in ("include_usage", "include_obfuscation"):
+        if key not in STREAM_OPTIONS:
             raise ContractError(f"stream_options.{key}", "unknown option; expected "
                                 "include_usage (or include_obfuscation, which has no effect)")
     include = options.get("include_usage", False)
@@ -203,7 +206,7 @@ class ChatRequest:
 
 
 def parse_chat(body: Any) -> ChatRequest:
-    body = _check_fields(body, _CHAT_FIELDS, "POST /v1/chat/completions")
+    body = _check_fields(body, CHAT_FIELDS, "POST /v1/chat/completions")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ContractError("messages", "expected a non-empty array of messages")
@@ -246,7 +249,7 @@ class CompletionRequest:
 
 
 def parse_completion(body: Any) -> CompletionRequest:
-    body = _check_fields(body, _COMPLETION_FIELDS, "POST /v1/completions")
+    body = _check_fields(body, COMPLETION_FIELDS, "POST /v1/completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt, as the SDK may send it
@@ -296,7 +299,7 @@ class ResponsesRequest:
 
 
 def parse_responses(body: Any) -> ResponsesRequest:
-    body = _check_fields(body, _RESPONSES_FIELDS, "POST /v1/responses")
+    body = _check_fields(body, RESPONSES_FIELDS, "POST /v1/responses")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ContractError("instructions",

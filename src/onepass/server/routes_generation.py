@@ -24,6 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 from onepass.contract import ContractError
 from onepass.generate.scheduler import Delta, Finish, GenerationStream, Saturated, SchedulerClosed
 from onepass.server import openai as W
+from onepass.server import openai_schema as S
 from onepass.server.body import read_json
 from onepass.server.context import StrictJSONResponse, log_fields, request_id
 from onepass.server.errors import STATUS_BY_KIND, ApiError, ClientGone, retry_headers
@@ -36,12 +37,46 @@ log = logging.getLogger("onepass.server")
 _TAGS = ["Generation (OpenAI-compatible)"]
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "Invalid or unsupported parameter (error.param names it)"},
-    404: {"description": "Unknown model, or unknown/expired stored response"},
-    413: {"description": "Prompt over max_input_tokens"},
-    429: {"description": "Generation waiting line full: retry after retry-after-ms"},
-    503: {"description": "Model loading or server shutting down"},
+    status: {"model": S.OpenAIErrorResponse, "description": description}
+    for status, description in (
+        (400, "Invalid or unsupported parameter (error.param names it)"),
+        (401, "Wrong API key (only with --api-key)"),
+        (403, "Missing API key (only with --api-key)"),
+        (404, "Unknown model, or unknown/expired stored response"),
+        (413, "Body over max_body_bytes, or prompt over max_input_tokens"),
+        (415, "Unsupported Content-Encoding"),
+        (429, "Generation waiting line full: retry after retry-after-ms"),
+        (503, "Model loading or server shutting down"),
+    )
 }
+_STORED_ERRORS = {k: v for k, v in _ERRORS.items() if k not in (413, 415, 429)}
+
+
+def _ok(model: type[Any], stream: str | None = None) -> dict[int | str, dict[str, Any]]:
+    """The 200 response (its JSON model; with ``stream``, the event stream too) and the
+    errors, for the OpenAPI document."""
+    ok: dict[str, Any] = {"model": model, "description": "The object (stream: false)"}
+    if stream:
+        ok["description"] = f"The object (stream: false), or with stream: true {stream}"
+        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    return {200: ok, **_ERRORS}
+
+
+def _input_items_query() -> dict[str, Any]:
+    """The query parameters of GET .../input_items (read by openai.input_items_page)."""
+    return {"parameters": [
+        {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": W.INPUT_ITEMS_MAX_LIMIT,
+                    "default": W.INPUT_ITEMS_DEFAULT_LIMIT},
+         "description": "Items per page"},
+        {"name": "order", "in": "query", "required": False,
+         "schema": {"type": "string", "enum": ["asc", "desc"], "default": "desc"},
+         "description": "desc: newest first, as OpenAI"},
+        {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+         "description": "Start after this item id (exclusive)"},
+        {"name": "before", "in": "query", "required": False, "schema": {"type": "string"},
+         "description": "Stop before this item id (exclusive)"},
+    ]}
 
 
 def _api_error(exc: ContractError) -> ApiError:
@@ -214,6 +249,8 @@ def _usage_log(request: Request, model: str, usage: W.Usage, metrics: Any) -> No
 
 def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any]) -> None:
     """Add the generation routes to ``app`` (one response store per app)."""
+    from onepass.server.app import _body_spec  # app imports this module: resolved at call time
+
     store = ResponseStore()
     hooked: set[int] = set()
 
@@ -268,7 +305,10 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
     # ------------------------------------------------------------------ chat
 
-    @app.post("/v1/chat/completions", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+    @app.post("/v1/chat/completions", dependencies=auth, tags=_TAGS,
+              responses=_ok(S.ChatCompletionResponseModel, "chat.completion.chunk events "
+                            "ending with data: [DONE]"),
+              openapi_extra=_body_spec("ChatCompletionRequestModel"),
               summary="OpenAI Chat Completions (text), streaming with stream: true")
     @_openai_errors
     async def chat_completions(request: Request) -> Response:
@@ -320,7 +360,10 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
     # ------------------------------------------------------------------ completions
 
-    @app.post("/v1/completions", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+    @app.post("/v1/completions", dependencies=auth, tags=_TAGS,
+              responses=_ok(S.CompletionResponseModel, "text_completion chunks ending with "
+                            "data: [DONE]"),
+              openapi_extra=_body_spec("CompletionRequestModel"),
               summary="OpenAI Completions: text or token-id prompt; max_tokens 0 with echo "
               "and logprobs scores the prompt")
     @_openai_errors
@@ -434,7 +477,11 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
     # ------------------------------------------------------------------ responses
 
-    @app.post("/v1/responses", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+    @app.post("/v1/responses", dependencies=auth, tags=_TAGS,
+              responses=_ok(S.ResponseObjectModel, "lifecycle events: response.created, "
+                            "response.in_progress, response.output_text.delta ..., then "
+                            "response.completed or response.incomplete"),
+              openapi_extra=_body_spec("ResponseRequestModel"),
               summary="OpenAI Responses (text): streaming lifecycle events, store, "
               "previous_response_id")
     @_openai_errors
@@ -550,14 +597,16 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                               "responses created with store: true are kept", field="response_id")
         return entry
 
-    @app.get("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS, responses=_ERRORS,
+    @app.get("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS,
+             responses={200: {"model": S.ResponseObjectModel}, **_STORED_ERRORS},
              summary="A stored response")
     @_openai_errors
     async def get_response(request: Request, response_id: str) -> Response:
         return StrictJSONResponse(stored(response_id).response)
 
     @app.delete("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS,
-                responses=_ERRORS, summary="Delete a stored response")
+                responses={200: {"model": S.ResponseDeletedModel}, **_STORED_ERRORS},
+                summary="Delete a stored response")
     @_openai_errors
     async def delete_response(request: Request, response_id: str) -> Response:
         stored(response_id)
@@ -565,8 +614,9 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         return StrictJSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     @app.get("/v1/responses/{response_id}/input_items", dependencies=auth, tags=_TAGS,
-             responses=_ERRORS, summary="The input items of a stored response (limit, order, "
-             "after, before)")
+             responses={200: {"model": S.ResponseInputItemsModel}, **_STORED_ERRORS},
+             openapi_extra=_input_items_query(),
+             summary="The input items of a stored response (limit, order, after, before)")
     @_openai_errors
     async def input_items(request: Request, response_id: str) -> Response:
         entry = stored(response_id)
