@@ -6,12 +6,9 @@ that live in code: when priorities change, change the coefficients, not the prom
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable
 from typing import Any
 
-Ask = Callable[[dict[str, Any]], dict[str, Any]]
+from shared_cookbook import Ask, main
 
 WEIGHTS = {"market": 0.5, "feasibility": 0.3, "differentiation": 0.2}
 THRESHOLD = 0.5  # of the normalised composite, 0..1
@@ -41,17 +38,5 @@ def run(ask: Ask) -> dict[str, Any]:
             "decision": "pursue" if composite >= THRESHOLD else "pass"}
 
 
-def asker(argv: list[str]) -> Ask:
-    """The embedded model in-process, or ``--url`` for the same body over HTTP."""
-    if "--url" in argv:
-        import httpx
-
-        url = argv[argv.index("--url") + 1].rstrip("/") + "/v1/systemone"
-        return lambda body: httpx.post(url, json=body, timeout=60).raise_for_status().json()
-    from onepass import DecisionEngine
-
-    return DecisionEngine.from_pretrained().answer
-
-
 if __name__ == "__main__":
-    print(json.dumps(run(asker(sys.argv[1:])), indent=2))
+    main(run)

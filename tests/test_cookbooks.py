@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(p.stem for p in EXAMPLES.glob("cookbook_*.py"))
+sys.path.insert(0, str(EXAMPLES))  # the scripts import shared_cookbook, as they do when run
 
 
 def load(name: str) -> ModuleType:
