@@ -57,8 +57,18 @@ CHAT_BAD = [
     ({"messages": MSG, "repetition_penalty": 0}, "repetition_penalty", "(0, 2]"),
     ({"messages": MSG, "tools": [{"type": "function"}]}, "tools", "not supported yet"),
     ({"messages": MSG, "tool_choice": "required"}, "tool_choice", "not supported yet"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format",
-     "not supported yet"),
+    ({"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type",
+     "json_schema"),
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "needs a schema"),
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {}, "strict": "yes"}}}, "response_format.json_schema.strict",
+     "boolean"),
+    ({"messages": MSG, "response_format": {"type": "json_object"}, "grammar": "start: \"a\""},
+     "grammar", "cannot be combined"),
+    ({"messages": MSG, "grammar": ""}, "grammar", "non-empty"),
+    ({"messages": MSG, "response_format": {"type": "json_object"}, "stop": ["}"]}, "stop",
+     "grammar decides"),
     ({"messages": MSG, "store": True}, "store", "not supported yet"),
     ({"messages": MSG, "reasoning_effort": "high"}, "reasoning_effort", "not supported yet"),
     ({"messages": MSG, "temprature": 0.5}, "temprature", "unknown field"),
@@ -88,6 +98,11 @@ COMPLETION_BAD = [
     ({"prompt": "x", "suffix": "tail"}, "suffix", "not supported yet"),
     ({"prompt": "x", "best_of": 3}, "best_of", "not supported yet"),
     ({"prompt": "x", "messages": MSG}, "messages", "unknown field"),
+    ({"prompt": "x", "max_tokens": 0, "echo": True, "grammar": "start: \"a\""}, "grammar",
+     "generates nothing"),
+    ({"prompt": "x", "grammar": 5}, "grammar", "Lark or GBNF"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format",
+     "unknown field"),
 ]
 
 
@@ -115,7 +130,11 @@ RESPONSES_BAD = [
     ({"input": "x", "store": "true"}, "store", "true or false"),
     ({"input": "x", "metadata": {"k": 1}}, "metadata", "string values"),
     ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools", "not supported"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text", "not supported"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r"}}},
+     "text.format.schema", "needs a schema"),
+    ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity", "medium"),
+    ({"input": "x", "text": {"style": "x"}}, "text.style", "unknown key"),
+    ({"input": "x", "text": "json"}, "text", "an object"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "not supported"),
     ({"input": "x", "truncation": "auto"}, "truncation", "never truncated"),
     ({"input": "x", "background": True}, "background", "not supported"),
@@ -131,6 +150,30 @@ def test_bad_responses_bodies_name_their_field(body, field, words):
         W.parse_responses(body)
     assert err.value.field == field
     assert words in err.value.message, err.value.message
+
+
+def test_structured_output_fields_become_one_grammar_spec():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    chat = W.parse_chat({"messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "r", "schema": schema, "strict": True}}})
+    assert chat.grammar.json_schema == schema and chat.grammar.name == "r"
+    assert chat.grammar.field == "response_format.json_schema.schema"
+    assert W.parse_chat({"messages": MSG, "response_format": {"type": "text"}}).grammar is None
+    assert W.parse_chat({"messages": MSG, "response_format": {"type": "json_object"}}
+                        ).grammar.json_object
+    lark = 'start: "yes" | "no"'
+    assert W.parse_chat({"messages": MSG, "grammar": lark}).grammar.grammar == lark
+    assert W.parse_completion({"prompt": "x", "grammar": lark}).grammar.field == "grammar"
+    fmt = {"type": "json_schema", "name": "r", "schema": schema, "strict": True}
+    req = W.parse_responses({"input": "x", "text": {"format": fmt, "verbosity": "medium"}})
+    assert req.grammar.json_schema == schema and req.grammar.field == "text.format.schema"
+    body = W.response_object("resp_1", 1, "m", req, status="completed", limit=3)
+    assert body["text"] == {"format": fmt}
+    Response.model_validate(body)
+    plain = W.parse_responses({"input": "x"})
+    assert plain.grammar is None and W.response_object(
+        "resp_1", 1, "m", plain, status="completed", limit=3)["text"] == {
+        "format": {"type": "text"}}
 
 
 def test_chat_request_maps_openai_fields_onto_the_sampler():

@@ -10,6 +10,11 @@ Three dialects share one sampler (`SamplingParams`, validated under the OpenAI f
 - Responses: ``input`` (a string or message items), ``instructions``, ``max_output_tokens``,
   ``store``, ``previous_response_id``.
 
+Structured output: ``response_format`` (chat; ``text``, ``json_object``, ``json_schema``),
+``text.format`` (responses) and the ``grammar`` extension (chat, completions: Lark or GBNF)
+become one :class:`~onepass.generate.grammar.GrammarSpec` per request, which the route compiles
+before the request takes a slot; the grammar then masks every token.
+
 Every fault is a `ContractError` naming the user-facing field. A field that would change the
 answer but is not implemented (tools, response formats, ...) is refused with a 400 that says so,
 never ignored; fields that change nothing here (``user``, ``metadata``, ...) are accepted.
@@ -26,6 +31,7 @@ from typing import Any
 
 from onepass.contract import ContractError, _describe
 from onepass.generate.chat import ROLES, content_text
+from onepass.generate.grammar import GrammarSpec, grammar_from_response_format, grammar_request
 from onepass.generate.sampling import MAX_LOGPROBS, SamplingParams
 
 MAX_CHOICES = 8
@@ -45,16 +51,19 @@ HARMLESS_FIELDS = ("user", "metadata", "service_tier", "safety_identifier", "pro
                    "prompt_cache_retention", "parallel_tool_calls")
 CHAT_FIELDS = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream",
-    "stream_options", "logprobs", "top_logprobs", *SAMPLING_FIELDS, *HARMLESS_FIELDS,
+    "stream_options", "logprobs", "top_logprobs", "response_format", "grammar",
+    *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
 COMPLETION_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "n", "stream", "stream_options", "logprobs", "echo",
-    *SAMPLING_FIELDS, *HARMLESS_FIELDS,
+    "grammar", *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
 RESPONSES_FIELDS = frozenset({
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "store",
-    "previous_response_id", *SAMPLING_FIELDS, *HARMLESS_FIELDS,
+    "previous_response_id", "text", *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
+# keys of the Responses ``text`` object (verbosity is accepted only at its default)
+TEXT_KEYS = ("format", "verbosity")
 # stream_options keys (include_obfuscation is accepted and has no effect here)
 STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 # meaningful OpenAI fields this server does not implement yet: refused, never ignored
@@ -63,7 +72,6 @@ _NOT_YET = {
     "tool_choice": "tool choice",
     "functions": "functions (deprecated tools)",
     "function_call": "function_call (deprecated tools)",
-    "response_format": "structured output (response_format)",
     "audio": "audio output",
     "modalities": "output modalities other than text",
     "prediction": "predicted outputs",
@@ -74,7 +82,6 @@ _NOT_YET = {
     "max_tool_calls": "tool calls",
     "conversation": "conversations (use previous_response_id or resend the history)",
     "prompt": "prompt templates",
-    "text": "text formats other than plain text",
     "include": "extra output data (include)",
     "top_logprobs": "log-probabilities on Responses",
     "background": "background responses",
@@ -203,6 +210,15 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     logprobs: bool
+    grammar: GrammarSpec | None = None
+
+
+def _structured(spec: GrammarSpec | None, params: SamplingParams) -> GrammarSpec | None:
+    """A grammar with stop strings is refused: the grammar decides where the text ends."""
+    if spec is not None and params.stop:
+        raise ContractError("stop", f"stop strings cannot be combined with {spec.field}: the "
+                            "grammar decides where the output ends")
+    return spec
 
 
 def parse_chat(body: Any) -> ChatRequest:
@@ -220,12 +236,14 @@ def parse_chat(body: Any) -> ChatRequest:
     if top is not None and not logprobs:
         raise ContractError("top_logprobs", "only allowed with logprobs: true")
     stream = _bool(body, "stream")
+    params = _sampling(body, (top or 0) if logprobs else None, max_tokens)
+    spec = grammar_request(body.get("response_format"), body.get("grammar"))
     return ChatRequest(
-        model=_model(body), messages=messages,
-        params=_sampling(body, (top or 0) if logprobs else None, max_tokens),
+        model=_model(body), messages=messages, params=params,
         max_tokens=max_tokens, max_tokens_field=limit_field,
         n=_int(body, "n", 1, MAX_CHOICES) or 1, stream=stream,
         include_usage=_stream_options(body, stream), logprobs=logprobs,
+        grammar=_structured(spec, params),
     )
 
 
@@ -242,6 +260,7 @@ class CompletionRequest:
     include_usage: bool
     logprobs: int | None
     echo: bool
+    grammar: GrammarSpec | None = None
 
     @property
     def scoring(self) -> bool:
@@ -269,11 +288,16 @@ def parse_completion(body: Any) -> CompletionRequest:
                             "the prompt, with echo: true)")
     logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     stream = _bool(body, "stream")
+    params = _sampling(body, logprobs, max_tokens)
+    spec = grammar_request(None, body.get("grammar"))
+    if spec is not None and max_tokens == 0:
+        raise ContractError("grammar", "scoring the prompt (max_tokens 0) generates nothing "
+                            "to constrain; remove the grammar")
     return CompletionRequest(
-        model=_model(body), prompt=prompt,
-        params=_sampling(body, logprobs, max_tokens), max_tokens=max_tokens,
+        model=_model(body), prompt=prompt, params=params, max_tokens=max_tokens,
         n=_int(body, "n", 1, MAX_CHOICES) or 1, stream=stream,
         include_usage=_stream_options(body, stream), logprobs=logprobs, echo=echo,
+        grammar=_structured(spec, params),
     )
 
 
@@ -292,6 +316,8 @@ class ResponsesRequest:
     previous_response_id: str | None
     metadata: dict[str, str]
     user: str | None
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
+    grammar: GrammarSpec | None = None
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -314,13 +340,36 @@ def parse_responses(body: Any) -> ResponsesRequest:
     max_output = _int(body, "max_output_tokens", 1, None)
     stream = _bool(body, "stream")
     _stream_options(body, stream)  # validated; include_obfuscation has no effect here
+    params = _sampling(body, None, max_output)
+    text_format, spec = _text_format(body.get("text"))
     return ResponsesRequest(
         model=_model(body), input_items=parse_input(body.get("input")),
         instructions=instructions or None,
-        params=_sampling(body, None, max_output), max_output_tokens=max_output,
+        params=params, max_output_tokens=max_output,
         stream=stream, store=_bool(body, "store"),
         previous_response_id=previous, metadata=_metadata(body), user=user,
+        text_format=text_format, grammar=_structured(spec, params),
     )
+
+
+def _text_format(text: Any) -> tuple[dict[str, Any], GrammarSpec | None]:
+    """Responses ``text``: ``format`` as the response echoes it, and its grammar (None for
+    plain text). ``verbosity`` is taken only at its default (medium), which changes nothing."""
+    if text is None:
+        return {"type": "text"}, None
+    if not isinstance(text, dict):
+        raise ContractError("text", f"expected an object, got {_describe(text)}")
+    for key in text:
+        if key not in TEXT_KEYS:
+            raise ContractError(f"text.{key}", "unknown key; expected format (or verbosity)")
+    if text.get("verbosity") not in (None, "medium"):
+        raise ContractError("text.verbosity", "only medium (the default) is supported; other "
+                            "verbosities would need a style instruction this server does not add")
+    fmt = text.get("format")
+    if fmt is None:
+        return {"type": "text"}, None
+    spec = grammar_from_response_format(fmt, "text.format")
+    return dict(fmt), spec
 
 
 def parse_input(value: Any, field_name: str = "input") -> list[dict[str, Any]]:
@@ -581,7 +630,7 @@ def response_object(
         "previous_response_id": req.previous_response_id,
         "temperature": params.temperature, "top_p": params.top_p,
         "tool_choice": "none", "tools": [], "store": req.store if store is None else store,
-        "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "text": {"format": req.text_format}, "truncation": "disabled",
         "reasoning": None, "background": False, "user": req.user,
         "usage": usage.responses() if usage is not None else None,
     }

@@ -73,6 +73,56 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool = Field(default=False, description="Accepted; has no effect")
 
 
+class FormatText(BaseModel):
+    model_config = _FORBID
+    type: Literal["text"] = Field(description="Plain text (no grammar)")
+
+
+class FormatJsonObject(BaseModel):
+    model_config = _FORBID
+    type: Literal["json_object"] = Field(description="Any JSON object, enforced by the grammar")
+
+
+class JsonSchemaBody(BaseModel):
+    model_config = _FORBID
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$",
+                             description="The schema's name")
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema; a "
+                                    "construct the grammar engine cannot enforce is a 400 "
+                                    "naming it (never loosened)")
+    strict: bool | None = Field(default=None, description="Accepted; the schema is enforced "
+                                "token by token either way")
+    description: str | None = Field(default=None, description="Accepted; not shown to the "
+                                    "model")
+
+
+class FormatJsonSchema(BaseModel):
+    """Chat Completions' shape: the schema under ``json_schema``."""
+
+    model_config = _FORBID
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaBody
+
+
+class TextFormatJsonSchema(JsonSchemaBody):
+    """Responses' shape: the schema's keys beside ``type``."""
+
+    type: Literal["json_schema"]
+
+
+class ResponseText(BaseModel):
+    """Responses ``text``."""
+
+    model_config = _FORBID
+    format: FormatText | FormatJsonObject | TextFormatJsonSchema | None = Field(
+        default=None, description="text (default), json_object or json_schema: the output is "
+        "generated under the schema's grammar and always parses when status is completed")
+    verbosity: Literal["medium"] | None = Field(default=None, description="Only the default")
+
+
+_GRAMMAR_DOC = ("Extension: a Lark or GBNF grammar (llguidance) that constrains every token; "
+                "not together with a non-text response_format or stop strings")
+
 # the sampler's own defaults, so a documented default is the one applied
 _DEFAULTS = {name: f.default for name, f in SamplingParams.__dataclass_fields__.items()}
 
@@ -189,6 +239,11 @@ ChatCompletionRequestModel = _request_model(
         "top_logprobs": (int | None, Field(default=None, ge=0, le=MAX_LOGPROBS,
                                            description="Alternatives per token; only with "
                                            "logprobs: true")),
+        "response_format": (FormatText | FormatJsonObject | FormatJsonSchema | None, Field(
+            default=None, description="text (default), json_object or json_schema: enforced "
+            "token by token; a completed output (finish_reason stop) always parses and "
+            "validates; finish_reason length may be partial")),
+        "grammar": (str | None, Field(default=None, min_length=1, description=_GRAMMAR_DOC)),
         **_sampling_fields(),
         **_ignored_fields(responses=False),
     },
@@ -217,6 +272,7 @@ CompletionRequestModel = _request_model(
                                        "many alternatives")),
         "echo": (bool | None, Field(default=False, description="Prepend the prompt to the text "
                                     "(with logprobs: the prompt's log-probabilities too)")),
+        "grammar": (str | None, Field(default=None, min_length=1, description=_GRAMMAR_DOC)),
         **_sampling_fields(),
         **_ignored_fields(responses=False),
     },
@@ -243,6 +299,8 @@ ResponseRequestModel = _request_model(
                                      "previous_response_id")),
         "previous_response_id": (str | None, Field(
             default=None, min_length=1, description="Continue a stored response (same model)")),
+        "text": (ResponseText | None, Field(default=None, description="text.format: "
+                                            "structured output (json_object, json_schema)")),
         **_sampling_fields(),
         **_ignored_fields(responses=True),
     },

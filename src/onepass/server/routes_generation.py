@@ -281,9 +281,19 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
             scheduler.on_step = both
 
-    def start(gen: Any, prompt: list[int], params: Any, limit: int, n: int = 1) -> Running:
+    async def compile_grammar(engine: Any, spec: Any) -> Any:
+        """The request's grammar compiled for the model's vocabulary (cached), before the
+        request takes a slot: a construct the engine cannot enforce is a 400 naming it."""
+        if spec is None:
+            return None
+        from onepass.generate.grammar import tokenizer_info
+
+        return await asyncio.to_thread(lambda: spec.compile(tokenizer_info(engine.backend)))
+
+    def start(gen: Any, prompt: list[int], params: Any, limit: int, n: int = 1,
+              grammar: Any = None) -> Running:
         try:
-            return Running(gen.start(prompt, params, limit, n), rt.metrics)
+            return Running(gen.start(prompt, params, limit, n, grammar), rt.metrics)
         except Saturated as exc:
             rt.metrics.shed.labels("queue_full").inc()
             raise ApiError.of("overloaded", str(exc), headers=retry_headers(1.0)) from None
@@ -315,11 +325,12 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         raw = await read_json(request, settings)
         req = W.parse_chat(raw)
         engine, model = resolve(req.model)
+        grammar = await compile_grammar(engine, req.grammar)
         gen = engine.generator
         prompt = await asyncio.to_thread(gen.chat_prompt, req.messages, "messages")
         limit = gen.output_limit(len(prompt), req.max_tokens, field=req.max_tokens_field,
                                  prompt_field="messages")
-        running = start(gen, prompt, req.params, limit, req.n)
+        running = start(gen, prompt, req.params, limit, req.n, grammar)
         cid, created = W.new_id("chatcmpl", "-"), int(time.time())
         if not req.stream:
             choices, finishes = await collect(request, running)
@@ -371,6 +382,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         raw = await read_json(request, settings)
         req = W.parse_completion(raw)
         engine, model = resolve(req.model)
+        grammar = await compile_grammar(engine, req.grammar)
         gen, backend = engine.generator, engine.backend
         ids = await asyncio.to_thread(gen.text_prompt, req.prompt, "prompt")
         if req.scoring:
@@ -412,7 +424,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                 return StrictJSONResponse(body)
             return EventStream(_replay_completion(body, req.include_usage), None)
 
-        running = start(gen, ids, req.params, limit, req.n)
+        running = start(gen, ids, req.params, limit, req.n, grammar)
         if not req.stream:
             choices, finishes = await collect(request, running)
             usage = W.Usage.of(finishes)
@@ -489,6 +501,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         raw = await read_json(request, settings)
         req = W.parse_responses(raw)
         engine, model = resolve(req.model)
+        grammar = await compile_grammar(engine, req.grammar)
         history: list[dict[str, str]] = []
         if req.previous_response_id is not None:
             previous = store.get(req.previous_response_id)
@@ -511,7 +524,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         prompt = await asyncio.to_thread(gen.chat_prompt, messages, "input")
         limit = gen.output_limit(len(prompt), req.max_output_tokens, field="max_output_tokens",
                                  prompt_field="input")
-        running = start(gen, prompt, req.params, limit)
+        running = start(gen, prompt, req.params, limit, grammar=grammar)
         rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
 
         def finished(text: str, finish: Finish) -> dict[str, Any]:

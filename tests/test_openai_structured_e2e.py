@@ -1,0 +1,159 @@
+"""Structured output and function tools over HTTP against a real `onepass serve` process, driven
+by the official `openai` SDK: its structured-output helpers return parsed objects, every
+completed output validates, refusals are 400s naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+jsonschema = pytest.importorskip("jsonschema")
+from pydantic import BaseModel, Field  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=120)
+    mood: Literal["happy", "sad", "calm"]
+
+
+ASK = [{"role": "user", "content": "Invent a person: their name, age and mood."}]
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {
+    "name": "person", "schema": Person.model_json_schema(), "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One `onepass serve` for the module; its URL once /health says ready."""
+    from server_process import serve
+
+    log_path = tmp_path_factory.mktemp("structured") / "server.log"
+    with serve(["--threads", "1", "--log-level", "info"], log_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+# --------------------------------------------------------------------------- structured output
+
+
+def test_chat_parse_helper_returns_a_parsed_pydantic_object(client, model):
+    out = client.chat.completions.parse(model=model, messages=ASK, response_format=Person,
+                                        max_tokens=80, temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, Person)
+    jsonschema.validate(json.loads(choice.message.content), Person.model_json_schema())
+
+
+def test_responses_parse_helper_returns_a_parsed_pydantic_object(client, model):
+    out = client.responses.parse(model=model, input="Invent a person: name, age and mood.",
+                                 text_format=Person, max_output_tokens=80, temperature=0)
+    assert out.status == "completed"
+    assert isinstance(out.output_parsed, Person)
+    assert out.text.format.type == "json_schema"
+
+
+def test_sampled_choices_all_validate_and_streaming_matches(client, model):
+    schema = Person.model_json_schema()
+    out = client.chat.completions.create(model=model, messages=ASK, max_tokens=80,
+                                         temperature=1.0, seed=7, n=4,
+                                         response_format=PERSON_FORMAT)
+    completed = [c for c in out.choices if c.finish_reason == "stop"]
+    assert len(completed) >= 3, [c.finish_reason for c in out.choices]
+    for choice in completed:
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    sync = client.chat.completions.create(model=model, messages=ASK, max_tokens=80,
+                                          temperature=0, response_format=PERSON_FORMAT)
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model, messages=ASK, max_tokens=80, temperature=0, stream=True,
+            response_format=PERSON_FORMAT) if c.choices)
+    assert streamed == sync.choices[0].message.content
+    json.loads(streamed)
+
+
+def test_json_object_always_parses_as_an_object(client, model):
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Give me a JSON object."}],
+        max_tokens=60, temperature=0, response_format={"type": "json_object"})
+    choice = out.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:  # a length stop may be partial, but it is still the start of an object
+        assert choice.message.content.startswith("{")
+
+
+def test_a_length_limited_structured_output_is_length_and_incomplete(client, model):
+    out = client.chat.completions.create(model=model, messages=ASK, max_tokens=3,
+                                         temperature=0, response_format=PERSON_FORMAT)
+    assert out.choices[0].finish_reason == "length"
+    assert out.choices[0].message.content.startswith("{")
+    with pytest.raises(openai.LengthFinishReasonError):
+        client.chat.completions.parse(model=model, messages=ASK, response_format=Person,
+                                      max_tokens=3, temperature=0)
+    resp = client.responses.create(model=model, input="Invent a person.", max_output_tokens=3,
+                                   text={"format": {"type": "json_schema", "name": "person",
+                                                    "schema": Person.model_json_schema()}})
+    assert resp.status == "incomplete"
+    assert resp.incomplete_details.reason == "max_output_tokens"
+
+
+def test_grammar_extension_on_chat_and_completions(client, model):
+    lark = 'start: "yes" | "no"'
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=5,
+        temperature=1.0, seed=3, n=3, extra_body={"grammar": lark})
+    assert {c.message.content for c in chat.choices} <= {"yes", "no"}
+    assert all(c.finish_reason == "stop" for c in chat.choices)
+    gbnf = 'root ::= [0-9] [0-9] "!"'
+    text = client.completions.create(model=model, prompt="A number:", max_tokens=8,
+                                     temperature=0, extra_body={"grammar": gbnf})
+    choice = text.choices[0]
+    assert choice.finish_reason == "stop" and len(choice.text) == 3
+    assert choice.text[:2].isdigit() and choice.text.endswith("!")
+
+
+REFUSED = [
+    ("/v1/chat/completions",
+     {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {
+         "name": "s", "schema": {"type": "array", "uniqueItems": True}}}},
+     "response_format.json_schema.schema", "uniqueItems"),
+    ("/v1/responses",
+     {"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": {
+         "type": "object", "not": {"required": ["a"]}}}}},
+     "text.format.schema", "not"),
+    ("/v1/chat/completions", {"messages": ASK, "grammar": "start: (("}, "grammar",
+     "grammar"),
+    ("/v1/completions", {"prompt": "x", "grammar": "root ::= undefined_rule"}, "grammar",
+     "grammar"),
+    ("/v1/chat/completions", {"messages": ASK, "response_format": {"type": "json_object"},
+                              "stop": ["}"]}, "stop", "grammar"),
+]
+
+
+def test_constructs_the_engine_cannot_enforce_are_400s_naming_them(server, model):
+    with httpx.Client(base_url=server, timeout=60) as http:
+        for path, body, param, words in REFUSED:
+            r = http.post(path, json={"model": model, **body})
+            assert r.status_code == 400, (path, body, r.text)
+            error = r.json()["error"]
+            assert error["param"] == param, (body, error)
+            assert words in error["message"], error
+        metrics = http.get("/metrics").text
+        assert "onepass_generation_active_sequences 0" in metrics  # no slot was taken
