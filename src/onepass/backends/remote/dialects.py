@@ -1,0 +1,187 @@
+"""The HTTP dialects of remote engines: request bodies and response parsing, nothing else.
+
+Every dialect reads the log-probability of exactly the candidate label ids at the decision
+position (the restricted softmax is invariant to the log-softmax constant, so logprobs are as
+good as logits):
+
+* ``sglang`` — native ``POST /generate`` with ``input_ids`` (a batch: every branch in one call),
+  ``return_logprob`` and ``token_ids_logprob`` (``GenerateReqInput``, sglang >= 0.4.3); reads
+  ``meta_info.output_token_ids_logprobs[0]`` and ``meta_info.cached_tokens``.
+* ``vllm`` — OpenAI ``POST /v1/completions`` with a batch of token-id prompts, each the decision
+  prompt plus one candidate, and vLLM's ``prompt_logprobs: 0`` extra parameter (>= 0.4; the
+  actual prompt token is always in the returned dict, so the candidate's logprob is exact);
+  ``usage.prompt_tokens_details.cached_tokens`` (>= 0.8, ``--enable-prompt-tokens-details``).
+* ``llama-server`` — llama.cpp's native ``POST /completion`` (b5000+): the same large
+  ``logit_bias`` on every candidate id, ``post_sampling_probs`` and ``n_probs = k`` with the
+  truncating samplers off. The bias is equal for all candidates, so their probability ratios
+  are the model's; everything else is left with < e^-bias of the mass. ``tokens_cached``.
+* ``llama-cpp-python`` — its OpenAI server (``python -m llama_cpp.server``): ``/v1/completions``
+  with the prompt ids plus one candidate, ``echo`` and ``logprobs: 0``: the echoed logprob of
+  the last prompt token is the candidate's.
+* ``onepass`` — a onepass worker's ``/v1/completions`` scoring path (``max_tokens: 0``,
+  ``echo``, ``logprobs: 0``), the same candidate-appended prompt: exact, but one request per
+  candidate (the worker takes one prompt per request) and the worker's echo path runs a full
+  forward without its prefix cache — a scoring extension on the worker would remove both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+LOGIT_BIAS = 1000.0  # llama-server: added to every candidate's logit (equal, so ratios hold)
+
+
+class DialectError(ValueError):
+    """The engine answered with a body this dialect cannot read."""
+
+
+def _need(body: Any, *path: Any) -> Any:
+    node = body
+    for key in path:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            where = ".".join(str(k) for k in path)
+            raise DialectError(f"the engine's response has no {where}") from None
+    return node
+
+
+def _logprob(value: Any) -> float:
+    if value is None:
+        return -math.inf
+    return float(value)
+
+
+# --------------------------------------------------------------------------- SGLang
+
+
+def sglang_score_body(prompts: Sequence[Sequence[int]],
+                      candidates: Sequence[Sequence[int]]) -> dict[str, Any]:
+    return {
+        "input_ids": [list(p) for p in prompts],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1},
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "token_ids_logprob": [list(c) for c in candidates],
+    }
+
+
+def sglang_parse_score(body: Any, candidates: Sequence[Sequence[int]]
+                       ) -> tuple[list[list[float]], list[int]]:
+    items = body if isinstance(body, list) else [body]
+    if len(items) != len(candidates):
+        raise DialectError(f"sent {len(candidates)} prompts, the engine answered {len(items)}")
+    logits, cached = [], []
+    for item, cands in zip(items, candidates):
+        first = _need(item, "meta_info", "output_token_ids_logprobs", 0)
+        by_id = {int(entry[1]): _logprob(entry[0]) for entry in first}
+        missing = [c for c in cands if c not in by_id]
+        if missing:
+            raise DialectError(f"the engine returned no logprob for candidate ids {missing}")
+        logits.append([by_id[c] for c in cands])
+        cached.append(int(item.get("meta_info", {}).get("cached_tokens") or 0))
+    return logits, cached
+
+
+def sglang_tokenize_body(text: str) -> dict[str, Any]:
+    return {"prompt": text, "add_special_tokens": False}
+
+
+# --------------------------------------------------------------------------- OpenAI-style
+
+
+def appended(prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[int]]
+             ) -> list[list[int]]:
+    """One prompt per (question, candidate): the decision prompt plus that candidate."""
+    return [[*p, c] for p, cands in zip(prompts, candidates) for c in cands]
+
+
+def _regroup(flat: list[float], candidates: Sequence[Sequence[int]]) -> list[list[float]]:
+    out, i = [], 0
+    for cands in candidates:
+        out.append(flat[i : i + len(cands)])
+        i += len(cands)
+    return out
+
+
+def vllm_score_body(model: str, prompts: Sequence[Sequence[int]],
+                    candidates: Sequence[Sequence[int]]) -> dict[str, Any]:
+    return {"model": model, "prompt": appended(prompts, candidates), "max_tokens": 1,
+            "temperature": 0.0, "prompt_logprobs": 0}
+
+
+def vllm_parse_score(body: Any, prompts: Sequence[Sequence[int]],
+                     candidates: Sequence[Sequence[int]]) -> tuple[list[list[float]], int]:
+    choices = sorted(_need(body, "choices"), key=lambda c: c.get("index", 0))
+    flat_prompts = appended(prompts, candidates)
+    if len(choices) != len(flat_prompts):
+        raise DialectError(f"sent {len(flat_prompts)} prompts, got {len(choices)} choices")
+    flat = []
+    for choice, prompt in zip(choices, flat_prompts):
+        last = _need(choice, "prompt_logprobs", len(prompt) - 1)
+        entry = last.get(str(prompt[-1])) if isinstance(last, dict) else None
+        if entry is None:
+            raise DialectError(f"no prompt logprob for candidate id {prompt[-1]}")
+        flat.append(_logprob(entry["logprob"] if isinstance(entry, dict) else entry))
+    details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+    return _regroup(flat, candidates), int(details.get("cached_tokens") or 0)
+
+
+def vllm_tokenize_body(model: str, text: str) -> dict[str, Any]:
+    return {"model": model, "prompt": text, "add_special_tokens": False}
+
+
+def echo_score_body(prompt: Sequence[int], *, onepass: bool) -> dict[str, Any]:
+    """llama-cpp-python and onepass: score one candidate-appended prompt by echo."""
+    # onepass scores with max_tokens 0; llama-cpp-python reads 0 as "until the context ends"
+    return {"prompt": list(prompt), "max_tokens": 0 if onepass else 1, "echo": True,
+            "logprobs": 0, "temperature": 0.0}
+
+
+def echo_parse_score(body: Any, prompt: Sequence[int]) -> float:
+    values = _need(body, "choices", 0, "logprobs", "token_logprobs")
+    if len(values) < len(prompt):
+        raise DialectError(f"{len(values)} echoed logprobs for a {len(prompt)}-token prompt")
+    return _logprob(values[len(prompt) - 1])
+
+
+def echo_parse_tokens(body: Any) -> list[str]:
+    """The echoed prompt's token texts (onepass has no /tokenize: it is verified by these)."""
+    return [str(t) for t in _need(body, "choices", 0, "logprobs", "tokens")]
+
+
+# --------------------------------------------------------------------------- llama-server
+
+
+def llama_server_score_body(prompt: Sequence[int], candidates: Sequence[int]) -> dict[str, Any]:
+    return {
+        "prompt": list(prompt), "n_predict": 1, "cache_prompt": True,
+        "n_probs": len(candidates), "post_sampling_probs": True,
+        "logit_bias": [[c, LOGIT_BIAS] for c in candidates],
+        "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+        "samplers": ["temperature"],
+    }
+
+
+def llama_server_parse_score(body: Any, candidates: Sequence[int]) -> tuple[list[float], int]:
+    top = _need(body, "completion_probabilities", 0, "top_probs")
+    by_id = {}
+    for entry in top:
+        if "logprob" in entry:
+            by_id[int(entry["id"])] = _logprob(entry["logprob"])
+        else:
+            p = float(entry["prob"])
+            by_id[int(entry["id"])] = math.log(p) if p > 0 else -math.inf
+    missing = [c for c in candidates if c not in by_id]
+    if missing:
+        raise DialectError(f"the engine returned no probability for candidate ids {missing}")
+    cached = body.get("tokens_cached")
+    if cached is None:  # newer builds report the reused prompt tokens in timings.cache_n
+        cached = (body.get("timings") or {}).get("cache_n")
+    return [by_id[c] for c in candidates], int(cached or 0)
+
+
+def llama_server_tokenize_body(text: str) -> dict[str, Any]:
+    return {"content": text, "add_special": False}
