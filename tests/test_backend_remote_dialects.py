@@ -1,0 +1,180 @@
+"""Remote-engine dialects against pinned request/response bodies, and engine faults → 502/503/504.
+
+Bodies are pinned from the engines' published APIs:
+
+* SGLang ``GenerateReqInput`` (python/sglang/srt/managers/io_struct.py, sglang 0.4.3+:
+  ``token_ids_logprob``, ``logprob_start_len``, ``return_logprob``) and the native API docs'
+  ``meta_info`` (``cached_tokens``, ``output_token_ids_logprobs`` entries
+  ``[logprob, token_id, text|null]``), sglang 0.4.6;
+* vLLM OpenAI ``/v1/completions`` with the ``prompt_logprobs`` extra parameter
+  (vllm/entrypoints/openai/protocol.py ``CompletionRequest``, vLLM 0.8.5: ``choices[].
+  prompt_logprobs`` is a list, ``null`` first, of ``{token_id: {logprob, rank,
+  decoded_token}}``; ``usage.prompt_tokens_details.cached_tokens``);
+* llama.cpp ``llama-server`` ``/completion`` (tools/server/README.md, b5500+: ``n_probs``,
+  ``post_sampling_probs`` → ``completion_probabilities[].top_probs[].{id, token, prob}``,
+  ``tokens_cached``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+import pytest
+
+from onepass.backends.remote import EngineError, RemoteBackend
+from onepass.backends.remote import dialects as D
+
+PROMPTS = [[1, 2, 3, 10], [1, 2, 3, 11, 12]]
+CANDS = [[65, 66], [65, 66, 67]]
+
+
+def test_sglang_body_and_parse_pinned():
+    body = D.sglang_score_body(PROMPTS, CANDS)
+    assert body == {
+        "input_ids": [[1, 2, 3, 10], [1, 2, 3, 11, 12]],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1},
+        "return_logprob": True, "logprob_start_len": -1,
+        "token_ids_logprob": [[65, 66], [65, 66, 67]],
+    }
+    answer = [
+        {"text": "A", "meta_info": {"id": "a", "prompt_tokens": 4, "completion_tokens": 1,
+                                    "cached_tokens": 3,
+                                    "output_token_ids_logprobs": [[[-0.1, 65, None],
+                                                                   [-2.4, 66, None]]]}},
+        {"text": "C", "meta_info": {"id": "b", "prompt_tokens": 5, "completion_tokens": 1,
+                                    "cached_tokens": 3,
+                                    "output_token_ids_logprobs": [[[-3.0, 66, None],
+                                                                   [-0.2, 67, None],
+                                                                   [-5.5, 65, None]]]}},
+    ]
+    logits, cached = D.sglang_parse_score(answer, CANDS)
+    assert logits == [[-0.1, -2.4], [-5.5, -3.0, -0.2]]  # in the candidates' order, by id
+    assert cached == [3, 3]
+    with pytest.raises(D.DialectError, match="candidate ids \\[67\\]"):
+        D.sglang_parse_score(answer[:1], [[65, 67]])
+
+
+def test_vllm_body_and_parse_pinned():
+    body = D.vllm_score_body("HuggingFaceTB/SmolLM2-135M-Instruct", PROMPTS[:1], CANDS[:1])
+    assert body == {"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                    "prompt": [[1, 2, 3, 10, 65], [1, 2, 3, 10, 66]],
+                    "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+
+    def plp(last_id: int, lp: float) -> list:
+        return [None, {"2": {"logprob": -1.0, "rank": 1, "decoded_token": "x"}},
+                {"3": {"logprob": -2.0, "rank": 3, "decoded_token": "y"}},
+                {"10": {"logprob": -0.5, "rank": 1, "decoded_token": "z"}},
+                {str(last_id): {"logprob": lp, "rank": 7, "decoded_token": "A"},
+                 "13": {"logprob": -0.01, "rank": 1, "decoded_token": "."}}]
+    answer = {"id": "cmpl-1", "object": "text_completion", "model": body["model"],
+              "choices": [{"index": 1, "text": ".", "logprobs": None, "finish_reason": "length",
+                           "prompt_logprobs": plp(66, -4.25)},
+                          {"index": 0, "text": ".", "logprobs": None, "finish_reason": "length",
+                           "prompt_logprobs": plp(65, -1.5)}],
+              "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
+                        "prompt_tokens_details": {"cached_tokens": 4}}}
+    logits, cached = D.vllm_parse_score(answer, PROMPTS[:1], CANDS[:1])
+    assert logits == [[-1.5, -4.25]]  # choices re-ordered by index
+    assert cached == 4
+
+
+def test_llama_server_body_and_parse_pinned():
+    body = D.llama_server_score_body([1, 2, 3], [65, 66])
+    assert body["prompt"] == [1, 2, 3] and body["n_predict"] == 1
+    assert body["n_probs"] == 2 and body["post_sampling_probs"] is True
+    assert body["logit_bias"] == [[65, D.LOGIT_BIAS], [66, D.LOGIT_BIAS]]
+    assert body["cache_prompt"] is True and body["samplers"] == ["temperature"]
+    answer = {"content": "A", "tokens_cached": 2, "stop": True,
+              "completion_probabilities": [{"id": 65, "token": "A", "bytes": [65], "prob": 0.8,
+                                            "top_probs": [{"id": 65, "token": "A", "prob": 0.8},
+                                                          {"id": 66, "token": "B",
+                                                           "prob": 0.2}]}]}
+    logits, cached = D.llama_server_parse_score(answer, [66, 65])
+    assert logits == pytest.approx([math.log(0.2), math.log(0.8)])
+    assert cached == 2
+
+
+def test_echo_body_and_parse():
+    assert D.echo_score_body([5, 6], onepass=True)["max_tokens"] == 0
+    assert D.echo_score_body([5, 6], onepass=False)["max_tokens"] == 1
+    answer = {"choices": [{"logprobs": {"tokens": ["a", "b", "c"],
+                                        "token_logprobs": [None, -1.0, -2.5]}}]}
+    assert D.echo_parse_score(answer, [1, 2, 3]) == -2.5
+    assert D.echo_parse_tokens(answer) == ["a", "b", "c"]
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+class _Tok:
+    """A character tokenizer: enough to drive RemoteBackend without a model."""
+
+    chat_template = None
+    all_special_tokens: list[str] = []
+    bos_token_id = None
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def _backend(handler, engine="sglang", verify=True) -> RemoteBackend:
+    client = httpx.Client(base_url="http://engine", transport=httpx.MockTransport(handler))
+    return RemoteBackend(engine, "http://engine", _Tok(), name="m", client=client,
+                         verify=verify)
+
+
+def test_sglang_backend_round_trip_and_tokenizer_check():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.url.path, body))
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
+        items = [{"meta_info": {"cached_tokens": 2, "output_token_ids_logprobs": [
+            [[-float(k + 1), c, None] for k, c in enumerate(cands)]]}}
+            for cands in body["token_ids_logprob"]]
+        return httpx.Response(200, json=items)
+
+    backend = _backend(handler)
+    result = backend.score([1, 2], [[3], [4, 5]], [[65, 66], [67, 68, 69]])
+    assert result.logits == [[-1.0, -2.0], [-1.0, -2.0, -3.0]]
+    assert result.cached_tokens == 2
+    assert seen[-1][1]["input_ids"] == [[1, 2, 3], [1, 2, 4, 5]]  # every branch, one call
+
+
+def test_tokenizer_mismatch_refuses_naming_the_first_token():
+    def handler(request: httpx.Request) -> httpx.Response:
+        text = json.loads(request.content)["prompt"]
+        ids = [ord(c) for c in text]
+        ids[3] = 999
+        return httpx.Response(200, json={"tokens": ids})
+
+    with pytest.raises(EngineError, match="first difference at token 3.*local 119, engine 999"):
+        _backend(handler)
+
+
+@pytest.mark.parametrize("fault, status", [
+    (httpx.ConnectError("refused"), 503), (httpx.ReadTimeout("slow"), 504),
+    (httpx.Response(500, json={"error": {"message": "CUDA out of memory"}}), 502),
+    (httpx.Response(200, text="<html>"), 502),
+    (httpx.Response(200, json=[{"meta_info": {}}]), 502),
+])
+def test_engine_faults_become_502_503_504(fault, status):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(fault, Exception):
+            raise fault
+        return fault
+
+    backend = _backend(handler, verify=False)
+    with pytest.raises(EngineError) as info:
+        backend.score([1], [[2]], [[65, 66]])
+    assert info.value.status == status
+    assert "sglang engine" in info.value.message
+    if status == 503:
+        assert info.value.headers["retry-after"] == "5"
