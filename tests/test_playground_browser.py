@@ -11,13 +11,9 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +21,6 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-ROOT = Path(__file__).resolve().parent.parent
 STATE = ("Order #7710 arrived with a smashed box and a cracked vase inside. The customer "
          "asks for a refund.")
 QUESTIONS: dict[str, dict[str, Any]] = {
@@ -51,11 +46,6 @@ def chromium_path() -> str | None:
             return found
     return None
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------- without a browser
@@ -128,37 +118,11 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[str]:
+    from server_process import serve
+
     log_path = tmp_path_factory.mktemp("playground") / "server.log"
-    port = free_port()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "onepass.cli", "serve", "--port", str(port), "--threads", "1",
-             "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited:\n{log_path.read_text()[-3000:]}")
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server not ready:\n{log_path.read_text()[-3000:]}")
-                time.sleep(0.2)
-            yield url
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    with serve(["--threads", "1", "--log-level", "warning"], log_path) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
