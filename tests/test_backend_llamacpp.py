@@ -1,0 +1,115 @@
+"""The llamacpp backend on the embedded GGUF agrees with the torch backend on the same file.
+
+Skipped (with the install command) when llama-cpp-python is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="pip install 'onepass[gguf]' (compiles llama.cpp)")
+
+from onepass.backends.llamacpp import LlamaCppBackend, gguf_path  # noqa: E402
+from onepass.datasets import probe_requests  # noqa: E402
+from onepass.engine import DecisionEngine  # noqa: E402
+from onepass.readout import restricted_softmax  # noqa: E402
+
+N_QUESTIONS = 50
+HANDWRITTEN = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "handwritten.jsonl"
+
+
+@pytest.fixture(scope="module")
+def gguf_engine() -> DecisionEngine:
+    path, name = gguf_path(None)
+    backend = LlamaCppBackend(path, name=name, n_ctx=4096,
+                              n_threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    return DecisionEngine(backend)
+
+
+def _distributions(engine: DecisionEngine, requests: list[dict]) -> list[list[float]]:
+    out = []
+    for request in requests:
+        for answer in engine.answer(request)["answers"].values():
+            if answer["type"] == "noul":
+                out.append([answer["noul"], 1 - answer["noul"]])
+            else:
+                out.append(list(answer["probabilities"].values()))
+    return out
+
+
+def test_tokenizer_and_template_match_torch(gguf_engine, engine):
+    ours, theirs = gguf_engine.backend, engine.backend
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
+    assert ours.render_chat(messages) == theirs.render_chat(messages)
+    for text in ["Answer: A", " B", "\nC", "hello <|im_start|>user\nworld<|im_end|>",
+                 "café 日本 123 {\"a\": [1]}", gguf_engine.format.head]:
+        assert ours.encode(text) == theirs.encode(text), text
+    assert {"<|im_start|>", "<|im_end|>"} <= set(ours.special_tokens)
+    assert gguf_engine.format == engine.format
+
+
+def test_agrees_with_torch_on_mixed_questions(gguf_engine, engine, data_dir):
+    requests, n = [], 0
+    for request in probe_requests(data_dir, HANDWRITTEN):  # mixed noul/choice/score first
+        requests.append(request)
+        n += len(request["questions"])
+        if n >= N_QUESTIONS:
+            break
+    ours = _distributions(gguf_engine, requests)
+    theirs = _distributions(engine, requests)
+    assert len(ours) == len(theirs) >= N_QUESTIONS
+    agree = sum(max(range(len(a)), key=a.__getitem__) == max(range(len(b)), key=b.__getitem__)
+                for a, b in zip(ours, theirs)) / len(ours)
+    tv = sum(0.5 * sum(abs(x - y) for x, y in zip(a, b)) for a, b in zip(ours, theirs)) / len(ours)
+    print(f"llamacpp vs torch: {len(ours)} questions, argmax agreement {agree:.3f}, "
+          f"mean TV {tv:.4f}")
+    assert agree >= 0.95
+    assert tv <= 0.05
+
+
+def test_batch_independence_and_fast_equals_naive(gguf_engine):
+    backend = gguf_engine.backend
+    prefix = backend.encode("<|im_start|>user\nThe parcel arrived broken and late. " * 6)
+    suffixes = [backend.encode(f" Question {i}: is it {w}? Answer:", bos=False)
+                for i, w in enumerate(["late", "broken", "fine", "lost", "early"])]
+    cands = [[backend.encode(" A", bos=False)[0], backend.encode(" B", bos=False)[0]]] * 5
+    together = backend.score(prefix, suffixes, cands).logits
+    for i in range(5):
+        alone = backend.score(prefix, [suffixes[i]], [cands[i]]).logits[0]
+        naive = backend.reference_logits(prefix + suffixes[i], cands[i])
+        p_together, p_alone = restricted_softmax(together[i]), restricted_softmax(alone)
+        assert max(abs(a - b) for a, b in zip(p_together, p_alone)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(p_alone, restricted_softmax(naive))) < 1e-4
+
+
+def test_prefix_cache_is_bounded_and_reused():
+    path, name = gguf_path(None)
+    backend = LlamaCppBackend(path, name=name, n_ctx=1024, n_threads=1, cache_entries=2)
+    cands = [[backend.encode(" A", bos=False)[0]]]
+    prefixes = [backend.encode(f"State number {i}: " + "word " * 40) for i in range(3)]
+    for p in prefixes:
+        assert backend.score(p, [[13]], cands).cached_tokens == 0
+    assert backend.cache_stats().entries == 2  # the oldest was evicted
+    # the newest is still live in sequence 0, the middle one comes back from a saved state
+    assert backend.score(prefixes[2], [[13]], cands).cached_tokens == len(prefixes[2])
+    assert backend.score(prefixes[1], [[13]], cands).cached_tokens == len(prefixes[1])
+    # an evicted prefix shares only "State number " with what is stored: recomputed mostly
+    assert backend.score(prefixes[0], [[13]], cands).cached_tokens < len(prefixes[0]) // 2
+    backend.close()
+
+
+def test_schema_decisions_run_on_llamacpp(gguf_engine, engine):
+    schema = {"type": "object", "properties": {
+        "urgent": {"type": "boolean"},
+        "team": {"enum": ["billing", "shipping", "tech"]}}}
+    context = "My parcel was lost by the courier two weeks ago and nobody answers."
+    ours = gguf_engine.decide_schema(context, schema)
+    theirs = engine.decide_schema(context, schema)
+    assert ours == theirs or _values(ours) == _values(theirs)
+
+
+def _values(result):
+    return getattr(result, "value", result)
