@@ -21,6 +21,10 @@ DEFAULT_MODEL_ALIAS = "jev-latest"
 NOUL_LABEL_SETS = ({"yes", "no"}, {"true", "false"})
 
 QuestionType = Literal["noul", "choice", "score"]
+DEBIAS_MODES = ("none", "rotations")
+"""``debias`` (an onepass extension field of the request): ``rotations`` reads every cyclic
+rotation of each question's options in the same forward and combines them, so the answer does
+not depend on the order the options were declared in; absent: the server's default."""
 
 
 class ContractError(ValueError):
@@ -62,6 +66,7 @@ class DecisionRequest:
     state: JsonValue
     questions: tuple[Question, ...]
     temperature: float | None = None
+    debias: str | None = None  # None: the engine's default
 
 
 def finite_float(value: int | float) -> float | None:
@@ -278,7 +283,11 @@ def parse_request(raw: Any) -> DecisionRequest:
         temperature = finite_float(temperature)
         if temperature is None or temperature <= 0:
             raise ContractError("temperature", "expected a finite number greater than 0")
-    return DecisionRequest(model, state, tuple(parsed), temperature)
+    debias = raw.get("debias")
+    if debias is not None and debias not in DEBIAS_MODES:
+        got = repr(debias) if isinstance(debias, str) else _describe(debias)
+        raise ContractError("debias", f"expected 'none' or 'rotations', got {got}")
+    return DecisionRequest(model, state, tuple(parsed), temperature, debias)
 
 
 # --------------------------------------------------------------------------- model aliases
@@ -331,6 +340,12 @@ class SystemOneRequestModel(BaseModel):
     state: JsonValue
     questions: dict[str, QuestionModel] = Field(min_length=1)
     temperature: float | None = Field(default=None, gt=0)
+    debias: Literal["none", "rotations"] | None = Field(
+        default=None,
+        description="onepass extension: 'rotations' scores every cyclic rotation of each "
+        "question's options in the same forward and averages them back in declared order "
+        "(order-invariant answers, more input tokens); absent: the server's default",
+    )
 
 
 class Usage(BaseModel):

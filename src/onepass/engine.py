@@ -15,6 +15,7 @@ from typing import Any
 from onepass import prompt as P
 from onepass.backends.base import Backend
 from onepass.contract import (
+    DEBIAS_MODES,
     ChoiceAnswer,
     ContractError,
     DecisionRequest,
@@ -34,7 +35,6 @@ from onepass.readout import (
 )
 
 DEFAULT_MAX_INPUT_TOKENS = 8192
-DEBIAS_MODES = ("none", "rotations")
 DEFAULT_COMBINE = "mean"  # measured against "logmean" on CLINC150 (tests/test_debias.py note)
 
 

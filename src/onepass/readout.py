@@ -68,3 +68,38 @@ def score_confidence(probabilities: Sequence[float]) -> float:
     centre = (n - 1) / 2
     uniform_spread = sum(abs(i - centre) for i in range(n)) / n
     return max(0.0, 1.0 - spread / uniform_spread)
+
+
+COMBINE_RULES = ("mean", "logmean")
+
+
+def combine_rotations(
+    distributions: Sequence[Sequence[float]], how: str = "mean"
+) -> list[float]:
+    """One distribution from several readings of the same options (already in declared order).
+
+    ``mean`` averages the probabilities (a mixture: one confident reading cannot veto the
+    others); ``logmean`` averages log-probabilities and renormalises (a geometric mean: an
+    option must be likely in every reading). ``benchmarks``-style measurement on CLINC150 chose
+    the default (see :data:`onepass.engine.DEFAULT_COMBINE`).
+    """
+    if how not in COMBINE_RULES:
+        raise ValueError(f"combine rule must be one of {COMBINE_RULES}, got {how!r}")
+    if not distributions:
+        return []
+    n = len(distributions)
+    if how == "mean":
+        return [sum(col) / n for col in zip(*distributions, strict=True)]
+    tiny = 1e-300  # log(0) guard: a reading that rules an option out drives it to ~0
+    logs = [
+        sum(math.log(max(p, tiny)) for p in col) / n for col in zip(*distributions, strict=True)
+    ]
+    top = max(logs)
+    exps = [math.exp(x - top) for x in logs]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def top_probability(probabilities: Sequence[float]) -> float:
+    """The top-label probability: what ECE bins and what abstention thresholds."""
+    return max(probabilities) if probabilities else 1.0

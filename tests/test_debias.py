@@ -1,0 +1,127 @@
+"""Order-invariant answers (``debias="rotations"``): every cyclic rotation of a question's
+options read in the same packed forward and combined back in declared order."""
+
+from __future__ import annotations
+
+import pytest
+
+from onepass.contract import ContractError, parse_request
+from onepass.readout import combine_rotations
+
+TOL = 1e-4
+TEAMS = {
+    "billing": "money, invoices, refunds",
+    "shipping": "delivery, parcels, tracking",
+    "technical": "bugs, errors, crashes",
+    "account": "login, password, profile",
+}
+STATE = "I was charged twice for my order last month and want my money back."
+
+
+def _choice(order, debias=None):
+    request = {"state": STATE, "questions": {"team": {
+        "type": "choice", "instructions": "Which team should handle this?",
+        "criteria": {k: TEAMS[k] for k in order}}}}
+    if debias:
+        request["debias"] = debias
+    return request
+
+
+def _probs(engine, order, **kw):
+    answer = engine.answer(_choice(order), **kw)["answers"]["team"]
+    return {k: answer["probabilities"][k] for k in TEAMS}, answer
+
+
+def test_combine_rules():
+    a, b = [0.8, 0.2], [0.2, 0.8]
+    assert combine_rotations([a, b], "mean") == pytest.approx([0.5, 0.5])
+    assert combine_rotations([a, b], "logmean") == pytest.approx([0.5, 0.5])
+    skew = [[0.9, 0.1], [0.5, 0.5]]
+    assert combine_rotations(skew, "mean") == pytest.approx([0.7, 0.3])
+    # geometric mean: sqrt(.45) vs sqrt(.05), renormalised
+    assert combine_rotations(skew, "logmean")[0] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="combine rule"):
+        combine_rotations(skew, "median")
+
+
+def test_contract_debias_field():
+    assert parse_request(_choice(TEAMS, "rotations")).debias == "rotations"
+    assert parse_request(_choice(TEAMS)).debias is None
+    for bad in ("all", 1, True):
+        with pytest.raises(ContractError) as err:
+            parse_request(_choice(TEAMS, bad))
+        assert err.value.field == "debias"
+
+
+def test_rotations_are_order_invariant_and_none_is_not(engine):
+    orders = [list(TEAMS), list(reversed(TEAMS)), [*list(TEAMS)[2:], *list(TEAMS)[:2]],
+              ["technical", "billing", "account", "shipping"]]
+    none = [_probs(engine, o, debias="none")[0] for o in orders]
+    moved = max(abs(none[0][k] - p[k]) for p in none[1:] for k in TEAMS)
+    assert moved > 0.02, "the fixed case should show the model's order bias without debias"
+    rotated = [_probs(engine, o, debias="rotations") for o in orders]
+    for probs, answer in rotated[1:]:
+        assert max(abs(probs[k] - rotated[0][0][k]) for k in TEAMS) < TOL
+        assert answer["choice"] == rotated[0][1]["choice"]
+    assert sum(rotated[0][0].values()) == pytest.approx(1.0)
+
+
+def test_rotations_read_more_suffixes_in_one_forward(engine):
+    plain = engine.answer(_choice(TEAMS), debias="none")["usage"]
+    rotated = engine.answer(_choice(TEAMS, "rotations"))["usage"]  # the request's field
+    assert rotated["output_tokens"] == plain["output_tokens"] == 1
+    # four suffixes after the one shared prefix: more input, the prefix still counted once
+    assert 3 * plain["input_tokens"] < rotated["input_tokens"] + 3 * rotated["cached_tokens"]
+    assert rotated["input_tokens"] > plain["input_tokens"]
+
+
+def test_rotation_readings(engine):
+    q = parse_request({"state": "x", "questions": {
+        "n": {"type": "noul", "instructions": "It is raining."},
+        "s": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "mid", "high"]},
+        "c": {"type": "choice", "instructions": "Pick", "criteria": {"b": None, "a": None}},
+    }}).questions
+    noul = engine.readings(q[0], "rotations")
+    assert len(noul) == 2 and all(order == (0, 1) for _, order in noul)
+    swapped = noul[1][0]
+    assert [lb.text for lb in swapped.labels] == ["B", "A"]  # "yes" read from B, "no" from A
+    assert "B) Yes" in swapped.suffix and "A) No" in swapped.suffix
+    score = engine.readings(q[1], "rotations")
+    assert [[lb.text for lb in p.labels] for p, _ in score] == [
+        ["A", "B", "C"], ["B", "C", "A"], ["C", "A", "B"]]
+    choice = engine.readings(q[2], "rotations")
+    assert [order for _, order in choice] == [(1, 0), (0, 1)]  # canonical: a, b
+    assert engine.readings(q[2], "none")[0][1] == (0, 1)
+
+
+def test_noul_and_score_rotations_match_naive(engine):
+    request = {"state": STATE, "debias": "rotations", "questions": {
+        "refund": {"type": "noul", "instructions": "The customer wants a refund."},
+        "urgency": {"type": "score", "instructions": "How urgent is it?",
+                    "criteria": ["low", "medium", "high"]},
+        "team": {"type": "choice", "instructions": "Which team?", "criteria": TEAMS}}}
+    fast = engine.answer(request)["answers"]
+    naive = engine.answer(request, naive=True)["answers"]
+    # float32: the fast path's 1e-4; a bfloat16 forward rounds activations to ~3 digits, and
+    # packing changes the order of its sums (the rotation bookkeeping is the same in both)
+    ENGINE_TOL = TOL if engine.identity()["dtype"] == "float32" else 2e-2
+    assert abs(fast["refund"]["noul"] - naive["refund"]["noul"]) < ENGINE_TOL
+    for name in ("urgency", "team"):
+        for k, p in fast[name]["probabilities"].items():
+            assert abs(p - naive[name]["probabilities"][k]) < ENGINE_TOL
+
+
+def test_engine_default_and_per_call_override(engine):
+    saved = engine.debias
+    try:
+        engine.debias = "rotations"
+        default = engine.answer(_choice(TEAMS))["usage"]["input_tokens"]
+        overridden = engine.answer(_choice(TEAMS, "none"))["usage"]["input_tokens"]
+        per_call = engine.choice(STATE, "Which team should handle this?", TEAMS, debias="none")
+        assert overridden < default
+        assert per_call.probabilities == pytest.approx(
+            _probs(engine, TEAMS, debias="none")[0], abs=TOL)
+    finally:
+        engine.debias = saved
+    with pytest.raises(ValueError, match="debias"):
+        engine.answer(_choice(TEAMS), debias="shuffle")
