@@ -246,7 +246,7 @@ BAD = [
      "logit_bias"),
     ("/v1/chat/completions", {"messages": QUESTION, "stop": ["a"] * 5}, "stop"),
     ("/v1/chat/completions", {"messages": QUESTION, "tools": [{"type": "function"}]},
-     "tools"),
+     "tools[0].function"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]},
      "messages[0].role"),
     ("/v1/chat/completions", {"messages": QUESTION, "colour": 1}, "colour"),
@@ -254,7 +254,8 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "logprobs": 9}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ("/v1/responses", {"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
-    ("/v1/responses", {"input": [{"type": "function_call"}]}, "input[0].type"),
+    ("/v1/responses", {"input": [{"type": "function_call"}]}, "input[0].call_id"),
+    ("/v1/responses", {"input": [{"type": "computer_call"}]}, "input[0].type"),
 ]
 
 

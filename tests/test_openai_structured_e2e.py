@@ -157,3 +157,120 @@ def test_constructs_the_engine_cannot_enforce_are_400s_naming_them(server, model
             assert words in error["message"], error
         metrics = http.get("/metrics").text
         assert "onepass_generation_active_sequences 0" in metrics  # no slot was taken
+
+
+# --------------------------------------------------------------------------- function tools
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+           "required": ["city"], "additionalProperties": False}
+CHAT_TOOLS = [{"type": "function", "function": {
+    "name": "weather", "description": "The current weather in a city",
+    "parameters": WEATHER, "strict": True}},
+    {"type": "function", "function": {"name": "time", "description": "The time in a city",
+                                      "parameters": WEATHER}}]
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _answer(client, model, messages, call_id, name, arguments):
+    """Send the call and its result back; the conversation goes on to a text answer."""
+    follow = [*messages,
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": call_id, "type": "function",
+                   "function": {"name": name, "arguments": arguments}}]},
+              {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 degrees"}]
+    out = client.chat.completions.create(model=model, messages=follow, tools=CHAT_TOOLS,
+                                         tool_choice="none", max_tokens=24, temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason in ("stop", "length") and choice.message.content
+    assert not choice.message.tool_calls
+    return choice.message.content
+
+
+def test_chat_tool_round_trip_required(client, model):
+    out = client.chat.completions.create(model=model, messages=ASK_WEATHER, tools=CHAT_TOOLS,
+                                         tool_choice="required", max_tokens=60, temperature=0,
+                                         parallel_tool_calls=False)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in ("weather", "time")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    _answer(client, model, ASK_WEATHER, call.id, call.function.name, call.function.arguments)
+
+
+def test_chat_tool_round_trip_named_function_streaming(client, model):
+    named = {"type": "function", "function": {"name": "time"}}
+    with client.chat.completions.stream(model=model, messages=ASK_WEATHER, tools=CHAT_TOOLS,
+                                        tool_choice=named, max_tokens=60,
+                                        temperature=0) as stream:
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [c.function.name for c in choice.message.tool_calls][0] == "time"
+    call = choice.message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    sync = client.chat.completions.create(model=model, messages=ASK_WEATHER, tools=CHAT_TOOLS,
+                                          tool_choice=named, max_tokens=60, temperature=0)
+    assert [c.function.arguments for c in sync.choices[0].message.tool_calls] == [
+        c.function.arguments for c in choice.message.tool_calls]
+    # the raw chunks: id and name first, the arguments after, then finish_reason tool_calls
+    chunks = list(client.chat.completions.create(
+        model=model, messages=ASK_WEATHER, tools=CHAT_TOOLS, tool_choice=named,
+        max_tokens=60, temperature=0, stream=True))
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
+    assert deltas[0][0].id and deltas[0][0].function.name == "time"
+    assert deltas[0][0].function.arguments == "" and deltas[1][0].function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    _answer(client, model, ASK_WEATHER, call.id, "time", call.function.arguments)
+
+
+def test_responses_tool_round_trip_required_and_streaming(client, model):
+    tools = [{"type": "function", "name": "weather", "description": "Weather in a city",
+              "parameters": WEATHER, "strict": True}]
+    first = client.responses.create(model=model, input="What is the weather in Seoul?",
+                                    tools=tools, tool_choice="required", temperature=0,
+                                    max_output_tokens=60, parallel_tool_calls=False)
+    assert first.status == "completed" and first.tool_choice == "required"
+    call = next(item for item in first.output if item.type == "function_call")
+    assert call.name == "weather" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    reply = client.responses.create(
+        model=model, temperature=0, max_output_tokens=24, tools=tools, tool_choice="none",
+        input=[{"role": "user", "content": "What is the weather in Seoul?"},
+               *[item.model_dump(exclude_none=True) for item in first.output],
+               {"type": "function_call_output", "call_id": call.call_id,
+                "output": "Sunny, 20 degrees Celsius"}])
+    assert reply.output_text and reply.output[0].type == "message"
+    events = list(client.responses.create(
+        model=model, input="What is the weather in Seoul?", tools=tools,
+        tool_choice={"type": "function", "name": "weather"}, temperature=0,
+        max_output_tokens=60, stream=True))
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in kinds
+    assert kinds[-1] == "response.completed"
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert done.arguments == call.arguments
+    assert events[-1].response.output[-1].type == "function_call"
+
+
+TOOL_REFUSALS = [
+    ({"tools": CHAT_TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"tools": "weather"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}}}],
+      "tool_choice": "required"}, "tools"),
+]
+
+
+def test_tool_refusals_are_400s_naming_the_field(server, model):
+    with httpx.Client(base_url=server, timeout=60) as http:
+        for body, param in TOOL_REFUSALS:
+            r = http.post("/v1/chat/completions",
+                          json={"model": model, "messages": ASK_WEATHER, **body})
+            assert r.status_code == 400, (body, r.text)
+            assert r.json()["error"]["param"] == param, (body, r.json())

@@ -20,6 +20,12 @@ from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 MSG = [{"role": "user", "content": "hi"}]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+           "additionalProperties": False}
+TOOL = {"type": "function", "function": {"name": "weather", "parameters": WEATHER}}
+CALLED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "weather",
+                                                  "arguments": '{"city":"Paris"}'}}]}
 
 # (body, field named by the error, words the message must contain)
 CHAT_BAD = [
@@ -55,8 +61,40 @@ CHAT_BAD = [
     ({"messages": MSG, "seed": 2**64}, "seed", "integer"),
     ({"messages": MSG, "presence_penalty": -2.5}, "presence_penalty", "[-2, 2]"),
     ({"messages": MSG, "repetition_penalty": 0}, "repetition_penalty", "(0, 2]"),
-    ({"messages": MSG, "tools": [{"type": "function"}]}, "tools", "not supported yet"),
-    ({"messages": MSG, "tool_choice": "required"}, "tool_choice", "not supported yet"),
+    ({"messages": MSG, "tools": [{"type": "function"}]}, "tools[0].function", "name, "
+     "description, parameters"),
+    ({"messages": MSG, "tools": {"type": "function"}}, "tools", "array of function tools"),
+    ({"messages": MSG, "tools": [{"type": "retrieval"}]}, "tools[0].type", "only function"),
+    ({"messages": MSG, "tools": [TOOL, TOOL]}, "tools[1].function.name", "declared twice"),
+    ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "a b"}}]},
+     "tools[0].function.name", "letters"),
+    ({"messages": MSG, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters",
+     "type object"),
+    ({"messages": MSG, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": 3}}}]},
+     "tools[0].function.parameters", "valid JSON Schema"),
+    ({"messages": MSG, "tool_choice": "required"}, "tool_choice", "at least one function"),
+    ({"messages": MSG, "tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "auto"),
+    ({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function",
+                                                        "function": {"name": "nope"}}},
+     "tool_choice.function.name", "unknown function 'nope'"),
+    ({"messages": MSG, "tools": [TOOL], "parallel_tool_calls": "no"}, "parallel_tool_calls",
+     "true or false"),
+    ({"messages": MSG, "tools": [TOOL], "response_format": {"type": "json_object"}},
+     "response_format", "cannot be combined with tools"),
+    ({"messages": MSG, "tools": [TOOL], "tool_choice": "required", "stop": ["x"]}, "stop",
+     "required tool call"),
+    ({"messages": [*MSG, {"role": "tool", "content": "r", "tool_call_id": "c1"}]},
+     "messages[1].tool_call_id", "no pending tool call"),
+    ({"messages": [*MSG, CALLED, {"role": "user", "content": "and?"}]}, "messages[2]",
+     "no result yet"),
+    ({"messages": [*MSG, {**CALLED, "tool_calls": [{"id": "c1", "type": "function",
+                                                    "function": {"name": "w",
+                                                                 "arguments": "[1]"}}]}]},
+     "messages[1].tool_calls[0].function.arguments", "JSON object"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+     "messages[0].tool_calls", "only assistant"),
     ({"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type",
      "json_schema"),
     ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
@@ -120,8 +158,15 @@ RESPONSES_BAD = [
     ({"input": [{"role": "user", "content": 3}]}, "input[0].content", "string or an array"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "user"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "user"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
-     "input[0].type", "not supported yet"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "w", "arguments": "{"}]},
+     "input[0].arguments", "not valid JSON"),
+    ({"input": [{"type": "function_call", "name": "w", "arguments": "{}"}]},
+     "input[0].call_id", "call's id"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "not supported yet"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {
+        "type": "function", "name": "g"}}, "tool_choice.name", "unknown function 'g'"),
+    ({"input": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools[0]",
+     "unknown key(s) function"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
      "input[0].content[0]", "text part"),
     ({"input": "x", "instructions": 5}, "instructions", "a string"),
@@ -129,7 +174,6 @@ RESPONSES_BAD = [
     ({"input": "x", "previous_response_id": ""}, "previous_response_id", "response id"),
     ({"input": "x", "store": "true"}, "store", "true or false"),
     ({"input": "x", "metadata": {"k": 1}}, "metadata", "string values"),
-    ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools", "not supported"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r"}}},
      "text.format.schema", "needs a schema"),
     ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity", "medium"),

@@ -587,6 +587,31 @@ class TorchBackend:
                 last = step.last_hidden_state[0, -1]
         return out, logits, cached
 
+    def render_chat_tools(self, messages: list[dict[str, Any]],
+                          tools: list[dict[str, Any]] | None) -> str:
+        """The chat template with ``tools`` (for templates that declare them): an open
+        assistant turn at the end, exactly like :meth:`render_chat`."""
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+        )
+
+    @torch.inference_mode()
+    def embed(self, ids: Sequence[int]) -> list[float]:
+        """One sentence vector: the mean of the decoder's final hidden states over the text's
+        tokens (a leading BOS, an attention sink with a huge norm, is left out), in float32.
+        A decoder is not trained for this; it ranks paraphrases, it is no retrieval model."""
+        ids = list(ids)
+        if not ids:
+            raise ValueError("embed needs at least one token")
+        bos = self.bos_id
+        with self._lock:
+            hidden = self.decoder(input_ids=torch.tensor([ids], device=self.device),
+                                  use_cache=False).last_hidden_state[0].float()
+        if bos is not None and ids[0] == bos and len(ids) > 1:
+            hidden = hidden[1:]
+        return hidden.mean(dim=0).cpu().tolist()
+
+
 
 @dataclass(frozen=True)
 class StepRow:

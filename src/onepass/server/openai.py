@@ -15,6 +15,11 @@ Structured output: ``response_format`` (chat; ``text``, ``json_object``, ``json_
 become one :class:`~onepass.generate.grammar.GrammarSpec` per request, which the route compiles
 before the request takes a slot; the grammar then masks every token.
 
+Function tools: ``tools``, ``tool_choice``, ``parallel_tool_calls`` (chat and responses) become
+a :class:`~onepass.generate.tools.ToolSpec`; assistant ``tool_calls`` + ``tool`` messages
+(chat) and ``function_call`` + ``function_call_output`` items (responses) carry a conversation
+on. Rendering, forcing and parsing the calls live in :mod:`onepass.generate.tools`.
+
 Every fault is a `ContractError` naming the user-facing field. A field that would change the
 answer but is not implemented (tools, response formats, ...) is refused with a 400 that says so,
 never ignored; fields that change nothing here (``user``, ``metadata``, ...) are accepted.
@@ -30,9 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.contract import ContractError, _describe
-from onepass.generate.chat import ROLES, content_text
+from onepass.generate.chat import ROLES, content_text, normalize_messages
 from onepass.generate.grammar import GrammarSpec, grammar_from_response_format, grammar_request
 from onepass.generate.sampling import MAX_LOGPROBS, SamplingParams
+from onepass.generate.tools import (
+    ToolCall,
+    ToolSpec,
+    call_record,
+    check_tool_turns,
+    parse_assistant_calls,
+    parse_tool_request,
+)
 
 MAX_CHOICES = 8
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
@@ -48,11 +61,12 @@ SAMPLING_FIELDS = (
 )
 # fields that change nothing in a local server (identity, bookkeeping, routing hints)
 HARMLESS_FIELDS = ("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key",
-                   "prompt_cache_retention", "parallel_tool_calls")
+                   "prompt_cache_retention")
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 CHAT_FIELDS = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream",
     "stream_options", "logprobs", "top_logprobs", "response_format", "grammar",
-    *SAMPLING_FIELDS, *HARMLESS_FIELDS,
+    *TOOL_FIELDS, *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
 COMPLETION_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "n", "stream", "stream_options", "logprobs", "echo",
@@ -60,7 +74,7 @@ COMPLETION_FIELDS = frozenset({
 })
 RESPONSES_FIELDS = frozenset({
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "store",
-    "previous_response_id", "text", *SAMPLING_FIELDS, *HARMLESS_FIELDS,
+    "previous_response_id", "text", *TOOL_FIELDS, *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
 # keys of the Responses ``text`` object (verbosity is accepted only at its default)
 TEXT_KEYS = ("format", "verbosity")
@@ -68,8 +82,6 @@ TEXT_KEYS = ("format", "verbosity")
 STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 # meaningful OpenAI fields this server does not implement yet: refused, never ignored
 _NOT_YET = {
-    "tools": "function tools",
-    "tool_choice": "tool choice",
     "functions": "functions (deprecated tools)",
     "function_call": "function_call (deprecated tools)",
     "audio": "audio output",
@@ -101,7 +113,7 @@ def _not_yet(name: str, field_name: str | None = None) -> ContractError:
 
 # values of unimplemented fields that ask for nothing (what a client sends by default)
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "tools": ([],), "tool_choice": ("none", "auto"), "response_format": ({"type": "text"},),
+    "response_format": ({"type": "text"},),
     "modalities": (["text"],), "include": ([],), "top_logprobs": (0,), "background": (False,),
     "truncation": ("disabled",), "text": ({}, {"format": {"type": "text"}}),
     "reasoning": ({}, {"effort": None}, {"effort": "none"}), "suffix": ("",), "best_of": (1,),
@@ -211,6 +223,42 @@ class ChatRequest:
     include_usage: bool
     logprobs: bool
     grammar: GrammarSpec | None = None
+    tools: ToolSpec | None = None
+
+
+def chat_messages(raw: Any, field_name: str = "messages") -> list[dict[str, Any]]:
+    """Chat messages normalised (role, content, name, tool_call_id) with each assistant
+    message's ``tool_calls`` kept as ``[{id, name, arguments}]``; tool results must answer
+    the calls before them."""
+    if not isinstance(raw, list) or not raw:
+        raise ContractError(field_name, "expected a non-empty array of messages")
+    out = normalize_messages(raw, field_name)
+    for i, message in enumerate(raw):
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if message.get("role") != "assistant":
+                raise ContractError(f"{field_name}[{i}].tool_calls",
+                                    "only assistant messages carry tool_calls")
+            out[i]["tool_calls"] = parse_assistant_calls(calls, f"{field_name}[{i}].tool_calls")
+    check_tool_turns(out, field_name)
+    return out
+
+
+def _tools(body: Mapping[str, Any], dialect: str, spec: GrammarSpec | None,
+           params: SamplingParams) -> ToolSpec | None:
+    """The request's tools; with tools in use, a grammar of the request's own (or stop
+    strings while a call is forced) is refused: the tools decide the output's shape."""
+    tools = parse_tool_request(body.get("tools"), body.get("tool_choice"),
+                               body.get("parallel_tool_calls"), dialect=dialect)
+    if tools is not None and tools.active:
+        if spec is not None:
+            raise ContractError(spec.field.split(".")[0], "structured output cannot be "
+                                "combined with tools (unless tool_choice is none): send one "
+                                "of them")
+        if tools.forced and params.stop:
+            raise ContractError("stop", "stop strings cannot be combined with a required "
+                                "tool call: the call's grammar decides where the output ends")
+    return tools
 
 
 def _structured(spec: GrammarSpec | None, params: SamplingParams) -> GrammarSpec | None:
@@ -238,8 +286,9 @@ def parse_chat(body: Any) -> ChatRequest:
     stream = _bool(body, "stream")
     params = _sampling(body, (top or 0) if logprobs else None, max_tokens)
     spec = grammar_request(body.get("response_format"), body.get("grammar"))
+    tools = _tools(body, "chat", spec, params)
     return ChatRequest(
-        model=_model(body), messages=messages, params=params,
+        model=_model(body), messages=chat_messages(messages), params=params, tools=tools,
         max_tokens=max_tokens, max_tokens_field=limit_field,
         n=_int(body, "n", 1, MAX_CHOICES) or 1, stream=stream,
         include_usage=_stream_options(body, stream), logprobs=logprobs,
@@ -318,10 +367,11 @@ class ResponsesRequest:
     user: str | None
     text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
     grammar: GrammarSpec | None = None
+    tools: ToolSpec | None = None
 
     @property
-    def messages(self) -> list[dict[str, str]]:
-        return [item_message(item) for item in self.input_items]
+    def messages(self) -> list[dict[str, Any]]:
+        return items_messages(self.input_items)
 
 
 def parse_responses(body: Any) -> ResponsesRequest:
@@ -342,13 +392,14 @@ def parse_responses(body: Any) -> ResponsesRequest:
     _stream_options(body, stream)  # validated; include_obfuscation has no effect here
     params = _sampling(body, None, max_output)
     text_format, spec = _text_format(body.get("text"))
+    tools = _tools(body, "responses", spec, params)
     return ResponsesRequest(
         model=_model(body), input_items=parse_input(body.get("input")),
         instructions=instructions or None,
         params=params, max_output_tokens=max_output,
         stream=stream, store=_bool(body, "store"),
         previous_response_id=previous, metadata=_metadata(body), user=user,
-        text_format=text_format, grammar=_structured(spec, params),
+        text_format=text_format, grammar=_structured(spec, params), tools=tools,
     )
 
 
@@ -373,8 +424,9 @@ def _text_format(text: Any) -> tuple[dict[str, Any], GrammarSpec | None]:
 
 
 def parse_input(value: Any, field_name: str = "input") -> list[dict[str, Any]]:
-    """Responses ``input``: a string (one user message) or message items, each returned as
-    a stored item (``id``, ``type: message``, ``role``, typed text parts, ``status``)."""
+    """Responses ``input``: a string (one user message) or items, each returned as a stored
+    item: messages (``id``, ``type: message``, ``role``, typed text parts, ``status``),
+    ``function_call`` (a call the model made) and ``function_call_output`` (its result)."""
     if isinstance(value, str):
         if not value:
             raise ContractError(field_name, "expected a non-empty string or message items")
@@ -388,15 +440,61 @@ def parse_input(value: Any, field_name: str = "input") -> list[dict[str, Any]]:
         if not isinstance(raw, dict):
             raise ContractError(where, "expected a message item {role, content}")
         kind = raw.get("type", "message")
+        if kind in ("function_call", "function_call_output"):
+            items.append(_call_item(raw, kind, where))
+            continue
         if kind != "message":
             raise ContractError(f"{where}.type", f"{kind!r} items are not supported yet; "
-                                "this server takes message items (type 'message') only")
+                                "this server takes message, function_call and "
+                                "function_call_output items")
         role = raw.get("role")
         if role not in ROLES or role == "tool":
             raise ContractError(f"{where}.role", "expected one of system, developer, user, "
                                 f"assistant, got {role!r}")
         items.append(_message_item(role, content_text(raw.get("content"), f"{where}.content")))
     return items
+
+
+def _call_item(raw: Mapping[str, Any], kind: str, where: str) -> dict[str, Any]:
+    """A function_call or function_call_output input item, checked, as it is stored."""
+    if kind == "function_call":
+        call = call_record(raw.get("call_id"), raw.get("name"), raw.get("arguments"),
+                           id_field=f"{where}.call_id", fn_field=where)
+        return function_call_item(ToolCall(call["id"], call["name"], call["arguments"]),
+                                  item_id=raw.get("id") if isinstance(raw.get("id"), str)
+                                  else None)
+    call_id, output = raw.get("call_id"), raw.get("output")
+    if not isinstance(call_id, str) or not call_id:
+        raise ContractError(f"{where}.call_id", "expected the call_id of the call it answers")
+    if not isinstance(output, str):
+        output = content_text(output, f"{where}.output")
+    return {"id": raw.get("id") if isinstance(raw.get("id"), str) else new_id("fco"),
+            "type": "function_call_output", "call_id": call_id, "output": output,
+            "status": "completed"}
+
+
+def items_messages(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Stored items as chat messages: consecutive function_call items become one assistant
+    message with ``tool_calls``, a function_call_output a tool message."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = {"id": item["call_id"], "name": item["name"], "arguments": item["arguments"]}
+            last = out[-1] if out else None
+            if last is not None and last.get("_calls"):
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call],
+                            "_calls": True})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "content": item["output"],
+                        "tool_call_id": item["call_id"]})
+        else:
+            out.append(item_message(item))
+    for message in out:
+        message.pop("_calls", None)
+    return out
 
 
 def _message_item(role: str, text: str) -> dict[str, Any]:
@@ -408,10 +506,17 @@ def _message_item(role: str, text: str) -> dict[str, Any]:
             "status": "completed"}
 
 
-def item_message(item: Mapping[str, Any]) -> dict[str, str]:
+def item_message(item: Mapping[str, Any]) -> dict[str, Any]:
     """A stored message item as a chat message for the template."""
     text = "".join(part.get("text", "") for part in item.get("content", ()))
     return {"role": item["role"], "content": text}
+
+
+def function_call_item(call: ToolCall, status: str = "completed",
+                       item_id: str | None = None) -> dict[str, Any]:
+    """A ``function_call`` output (or stored input) item."""
+    return {"id": item_id or new_id("fc"), "type": "function_call", "call_id": call.id,
+            "name": call.name, "arguments": call.arguments, "status": status}
 
 
 def input_items_page(
@@ -462,6 +567,7 @@ class Choice:
     text: str = ""
     tokens: list[Any] = field(default_factory=list)  # TokenInfo
     finish_reason: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -516,7 +622,7 @@ def chat_completion(
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{
             "index": i,
-            "message": {"role": "assistant", "content": c.text, "refusal": None},
+            "message": assistant_message(c),
             "logprobs": chat_logprobs(c.tokens) if logprobs else None,
             "finish_reason": c.finish_reason,
         } for i, c in enumerate(choices)],
@@ -525,10 +631,34 @@ def chat_completion(
     }
 
 
+def assistant_message(choice: Choice) -> dict[str, Any]:
+    """``choices[].message``: with tool calls, ``tool_calls`` (and content null when the
+    model wrote nothing else)."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+    if choice.tool_calls:
+        message["content"] = choice.text or None
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}}
+            for c in choice.tool_calls]
+    return message
+
+
+def tool_call_deltas(calls: Sequence[ToolCall]) -> list[list[dict[str, Any]]]:
+    """Streamed ``delta.tool_calls``, two per call as the SDK assembles them: id, type and
+    name with empty arguments first, then the arguments."""
+    out = []
+    for k, c in enumerate(calls):
+        out.append([{"index": k, "id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": ""}}])
+        out.append([{"index": k, "function": {"arguments": c.arguments}}])
+    return out
+
+
 def chat_chunk(
     cid: str, created: int, model: str, index: int, *, role: bool = False,
     content: str | None = None, tokens: Sequence[Any] | None = None,
-    finish_reason: str | None = None,
+    finish_reason: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk``: the first of a choice carries ``delta.role``."""
     delta: dict[str, Any] = {}
@@ -536,6 +666,8 @@ def chat_chunk(
         delta["role"] = "assistant"
     if content is not None:
         delta["content"] = content
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": index, "delta": delta,
                          "logprobs": chat_logprobs(tokens) if tokens is not None else None,
@@ -626,10 +758,14 @@ def response_object(
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
         else None,
         "instructions": req.instructions, "max_output_tokens": limit,
-        "metadata": req.metadata, "parallel_tool_calls": False,
+        "metadata": req.metadata,
+        "parallel_tool_calls": req.tools.parallel if req.tools is not None else True,
         "previous_response_id": req.previous_response_id,
         "temperature": params.temperature, "top_p": params.top_p,
-        "tool_choice": "none", "tools": [], "store": req.store if store is None else store,
+        "tool_choice": req.tools.choice_wire("responses") if req.tools is not None else "auto",
+        "tools": [f.responses_tool() for f in req.tools.functions] if req.tools is not None
+        else [],
+        "store": req.store if store is None else store,
         "text": {"format": req.text_format}, "truncation": "disabled",
         "reasoning": None, "background": False, "user": req.user,
         "usage": usage.responses() if usage is not None else None,
@@ -640,6 +776,34 @@ def output_message(item_id: str, text: str, status: str) -> dict[str, Any]:
     """The assistant message item of a response (``status`` in_progress while streaming)."""
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
             "content": [output_text(text)] if status != "in_progress" else []}
+
+
+def output_item_events(item: Mapping[str, Any],
+                       index: int) -> list[tuple[str, dict[str, Any]]]:
+    """The stream events of one finished output item, in the order OpenAI sends them (used
+    when a reply is held back to check its tool calls): added, its content, done."""
+    if item["type"] == "function_call":
+        place = {"item_id": item["id"], "output_index": index}
+        return [
+            ("response.output_item.added", {"output_index": index,
+                                            "item": {**item, "arguments": "",
+                                                     "status": "in_progress"}}),
+            ("response.function_call_arguments.delta", {**place, "delta": item["arguments"]}),
+            ("response.function_call_arguments.done", {**place, "name": item["name"],
+                                                       "arguments": item["arguments"]}),
+            ("response.output_item.done", {"output_index": index, "item": dict(item)}),
+        ]
+    text = "".join(part["text"] for part in item["content"])
+    place = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    return [
+        ("response.output_item.added", {"output_index": index, "item": {
+            **item, "status": "in_progress", "content": []}}),
+        ("response.content_part.added", {**place, "part": output_text("")}),
+        ("response.output_text.delta", {**place, "delta": text, "logprobs": []}),
+        ("response.output_text.done", {**place, "text": text, "logprobs": []}),
+        ("response.content_part.done", {**place, "part": output_text(text)}),
+        ("response.output_item.done", {"output_index": index, "item": dict(item)}),
+    ]
 
 
 def output_text(text: str) -> dict[str, Any]:

@@ -42,6 +42,61 @@ class ChatTextPart(BaseModel):
     text: str = Field(description="The text")
 
 
+class ChatFunctionCall(BaseModel):
+    model_config = _FORBID
+    name: str
+    arguments: str = Field(description="The arguments: a JSON object as text")
+
+
+class ChatToolCall(BaseModel):
+    model_config = _FORBID
+    id: str
+    type: Literal["function"] = "function"
+    function: ChatFunctionCall
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _FORBID
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="JSON Schema of the "
+                                              "arguments (type object); a forced call is "
+                                              "generated under it")
+    strict: bool | None = Field(default=None, description="Validate the arguments of every "
+                                "completed call against parameters (a mismatch is a 502)")
+
+
+class ChatTool(BaseModel):
+    model_config = _FORBID
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ResponsesTool(FunctionDefinition):
+    type: Literal["function"]
+
+
+class ChatNamedChoice(BaseModel):
+    model_config = _FORBID
+    type: Literal["function"]
+    function: dict[Literal["name"], str]
+
+
+class ResponsesNamedChoice(BaseModel):
+    model_config = _FORBID
+    type: Literal["function"]
+    name: str
+
+
+_TOOLS_DOC = ("Function tools (at most 128), shown to the model through its chat template, or "
+              "one portable instruction when the template declares none; calls are parsed "
+              "(Hermes/Qwen <tool_call>, Mistral [TOOL_CALLS], Llama JSON) and a completed "
+              "malformed call is a 502 invalid_model_output")
+_CHOICE_DOC = ("auto (default with tools), none (tools not shown), required or a named "
+               "function: the last two are forced by a grammar, so the call is well-formed")
+_PARALLEL_DOC = "Allow several calls in one turn (default true)"
+
+
 class ChatMessage(BaseModel):
     """A chat message; other keys are ignored."""
 
@@ -50,15 +105,37 @@ class ChatMessage(BaseModel):
     content: str | list[ChatTextPart] | None = Field(
         description="A string or text parts (joined); null only for an assistant message")
     name: str | None = Field(default=None, description="Passed to the chat template")
-    tool_call_id: str | None = Field(default=None, description="Passed to the chat template "
-                                     "(tool messages)")
+    tool_call_id: str | None = Field(default=None, description="Tool messages: the id of the "
+                                     "call this result answers (every call of an assistant "
+                                     "turn needs its result before the conversation goes on)")
+    tool_calls: list[ChatToolCall] | None = Field(default=None, description="Assistant "
+                                                  "messages: the calls the model made")
+
+
+class ResponseFunctionCallInput(BaseModel):
+    """A call the model made, sent back (type function_call)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = Field(description="A JSON object as text")
+
+
+class ResponseFunctionCallOutput(BaseModel):
+    """The result of a call (type function_call_output)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function_call_output"]
+    call_id: str = Field(description="The call this answers")
+    output: str | list[ChatTextPart]
 
 
 class ResponseInputMessage(BaseModel):
-    """A Responses input item: a message (other item types are refused)."""
+    """A Responses input message item."""
 
     model_config = ConfigDict(extra="allow")
-    type: Literal["message"] = Field(default="message", description="Only message items")
+    type: Literal["message"] = Field(default="message", description="A message")
     role: Literal[tuple(r for r in ROLES if r != "tool")] = Field(  # type: ignore[misc]
         description="developer is read as system")
     content: str | list[ChatTextPart] = Field(description="A string or text parts (joined)")
@@ -244,6 +321,11 @@ ChatCompletionRequestModel = _request_model(
             "token by token; a completed output (finish_reason stop) always parses and "
             "validates; finish_reason length may be partial")),
         "grammar": (str | None, Field(default=None, min_length=1, description=_GRAMMAR_DOC)),
+        "tools": (list[ChatTool] | None, Field(default=None, max_length=128,
+                                                description=_TOOLS_DOC)),
+        "tool_choice": (Literal["auto", "none", "required"] | ChatNamedChoice | None,
+                        Field(default=None, description=_CHOICE_DOC)),
+        "parallel_tool_calls": (bool | None, Field(default=True, description=_PARALLEL_DOC)),
         **_sampling_fields(),
         **_ignored_fields(responses=False),
     },
@@ -286,8 +368,10 @@ ResponseRequestModel = _request_model(
     {
         "model": _model_field(),
         "input": (Annotated[str, StringConstraints(min_length=1)]
-                  | Annotated[list[ResponseInputMessage], Field(min_length=1)],
-                  Field(description="A string (one user message) or message items")),
+                  | Annotated[list[ResponseInputMessage | ResponseFunctionCallInput
+                                 | ResponseFunctionCallOutput], Field(min_length=1)],
+                  Field(description="A string (one user message) or items: messages, "
+                        "function_call and function_call_output")),
         "instructions": (str | None, Field(default=None, description="A system message put "
                                            "before the conversation")),
         "max_output_tokens": (int | None, Field(default=None, ge=1, description="Output token "
@@ -301,6 +385,11 @@ ResponseRequestModel = _request_model(
             default=None, min_length=1, description="Continue a stored response (same model)")),
         "text": (ResponseText | None, Field(default=None, description="text.format: "
                                             "structured output (json_object, json_schema)")),
+        "tools": (list[ResponsesTool] | None, Field(default=None, max_length=128,
+                                                     description=_TOOLS_DOC)),
+        "tool_choice": (Literal["auto", "none", "required"] | ResponsesNamedChoice | None,
+                        Field(default=None, description=_CHOICE_DOC)),
+        "parallel_tool_calls": (bool | None, Field(default=True, description=_PARALLEL_DOC)),
         **_sampling_fields(),
         **_ignored_fields(responses=True),
     },
@@ -337,8 +426,9 @@ class ChatLogprobs(BaseModel):
 class ChatAssistantMessage(BaseModel):
     model_config = _FORBID
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the reply is only tool calls")
     refusal: None = None
+    tool_calls: list[ChatToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -346,8 +436,9 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatAssistantMessage
     logprobs: ChatLogprobs | None
-    finish_reason: Literal["stop", "length"] = Field(description="stop: end of sequence or a "
-                                                     "stop string; length: the output limit")
+    finish_reason: Literal["stop", "length", "tool_calls"] = Field(
+        description="stop: end of sequence, a stop string or a completed grammar; length: the "
+        "output limit (calls withheld); tool_calls: the reply calls functions")
 
 
 class PromptTokensDetails(BaseModel):
@@ -422,6 +513,16 @@ class ResponseOutputMessage(BaseModel):
     content: list[ResponseOutputText]
 
 
+class ResponseFunctionCall(BaseModel):
+    model_config = _FORBID
+    id: str
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
 class ResponseInputTokensDetails(BaseModel):
     model_config = _FORBID
     cached_tokens: int
@@ -457,7 +558,7 @@ class ResponseObjectModel(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
     completed_at: int | None
     model: str
-    output: list[ResponseOutputMessage]
+    output: list[ResponseOutputMessage | ResponseFunctionCall]
     error: None = None
     incomplete_details: ResponseIncompleteDetails | None
     instructions: str | None
@@ -467,8 +568,8 @@ class ResponseObjectModel(BaseModel):
     previous_response_id: str | None
     temperature: float
     top_p: float
-    tool_choice: Literal["none"]
-    tools: list[Any]
+    tool_choice: Literal["auto", "none", "required"] | ResponsesNamedChoice
+    tools: list[ResponsesTool]
     store: bool
     text: dict[str, Any]
     truncation: Literal["disabled"]
@@ -486,11 +587,11 @@ class ResponseDeletedModel(BaseModel):
 
 
 class ResponseInputItem(BaseModel):
+    """A stored input item: a message (role, content), a function_call or its output."""
+
     model_config = ConfigDict(extra="allow")
     id: str
-    type: Literal["message"]
-    role: str
-    content: list[dict[str, Any]]
+    type: Literal["message", "function_call", "function_call_output"]
     status: str
 
 

@@ -22,6 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from onepass.contract import ContractError
+from onepass.generate import tools as T
+from onepass.generate.grammar import GrammarSpec
+from onepass.generate.runner import _starts_with_bos
 from onepass.generate.scheduler import Delta, Finish, GenerationStream, Saturated, SchedulerClosed
 from onepass.server import openai as W
 from onepass.server import openai_schema as S
@@ -234,6 +237,61 @@ async def collect(
         running.cancel()
 
 
+def _active(tools: T.ToolSpec | None) -> T.ToolSpec | None:
+    return tools if tools is not None and tools.active else None
+
+
+def _tool_grammar(spec: GrammarSpec | None, tools: T.ToolSpec | None) -> GrammarSpec | None:
+    """The request's grammar: its own, or (tool_choice required / a named function) the
+    grammar of a well-formed call, whose refusals name ``tools``."""
+    if tools is not None and tools.forced:
+        return GrammarSpec(grammar=T.call_grammar(tools), field="tools")
+    return spec
+
+
+def tool_prompt(gen: Any, messages: list[dict[str, Any]], tools: T.ToolSpec | None,
+                field: str) -> tuple[list[int], str]:
+    """Prompt ids and the call format to parse. A conversation without tools renders as
+    before; with tools (or earlier calls), a template that declares tools gets them natively,
+    any other the portable instruction (see :mod:`onepass.generate.tools`)."""
+    backend = gen.backend
+    uses = tools is not None or any(m.get("tool_calls") or m["role"] == "tool"
+                                    for m in messages)
+    if not uses:
+        return gen.chat_prompt(messages, field), "hermes"
+    template = getattr(backend, "chat_template", None)
+    if T.template_declares_tools(template) and hasattr(backend, "render_chat_tools"):
+        listed = [f.chat_tool() for f in tools.functions] if tools is not None else None
+        try:
+            text = backend.render_chat_tools(T.native_messages(messages), listed)
+        except Exception as exc:  # the template's own refusal
+            raise ContractError(field, f"the model's chat template refused these messages: "
+                                f"{exc}") from None
+        return backend.encode(text, bos=not _starts_with_bos(backend, text)), \
+            T.native_format(template)
+    return gen.chat_prompt(T.portable_messages(messages, tools), field), "hermes"
+
+
+def settle_tools(choice: W.Choice, tools: T.ToolSpec | None, fmt: str) -> None:
+    """Parse a finished choice's calls in place: content and ``tool_calls`` (finish reason
+    tool_calls). At the output limit the calls are withheld and the text before them kept;
+    a completed malformed (or missing forced) call is a 502, never passed on."""
+    if tools is None:
+        return
+    if choice.finish_reason == "length":
+        choice.text = T.content_before_calls(choice.text)
+        return
+    try:
+        content, calls = T.parse_calls(choice.text, tools, fmt)
+        if tools.forced and not calls:
+            raise T.MalformedCall("a tool call was required and the model made none")
+    except T.MalformedCall as exc:
+        raise ApiError(502, f"the model's tool call is malformed: {exc}; it was not passed on",
+                       "invalid_model_output") from None
+    if calls:
+        choice.text, choice.tool_calls, choice.finish_reason = content, calls, "tool_calls"
+
+
 def _usage_log(request: Request, model: str, usage: W.Usage, metrics: Any) -> None:
     """The request's token usage: in its access-log line and the prompt-token counters."""
     metrics.observe_prompt(usage.prompt_tokens, usage.cached_tokens)
@@ -325,15 +383,18 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         raw = await read_json(request, settings)
         req = W.parse_chat(raw)
         engine, model = resolve(req.model)
-        grammar = await compile_grammar(engine, req.grammar)
+        tools = _active(req.tools)
+        grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
         gen = engine.generator
-        prompt = await asyncio.to_thread(gen.chat_prompt, req.messages, "messages")
+        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, req.messages, tools, "messages")
         limit = gen.output_limit(len(prompt), req.max_tokens, field=req.max_tokens_field,
                                  prompt_field="messages")
         running = start(gen, prompt, req.params, limit, req.n, grammar)
         cid, created = W.new_id("chatcmpl", "-"), int(time.time())
         if not req.stream:
             choices, finishes = await collect(request, running)
+            for choice in choices:
+                settle_tools(choice, tools, fmt)
             usage = W.Usage.of(finishes)
             _usage_log(request, model, usage, rt.metrics)
             return StrictJSONResponse(
@@ -341,10 +402,15 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
         async def events() -> AsyncIterator[bytes]:
             finishes: list[Finish] = []
+            held = [W.Choice() for _ in range(req.n)]  # with tools: the whole reply first
             try:
                 for i in range(req.n):
                     yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
                 async for i, event in merge(running):
+                    if isinstance(event, Delta) and tools is not None:
+                        held[i].text += event.text
+                        held[i].tokens.extend(event.tokens)
+                        continue
                     if isinstance(event, Delta):
                         yield W.sse(W.chat_chunk(
                             cid, created, model, i, content=event.text,
@@ -354,8 +420,19 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                     if error is not None:
                         raise error
                     finishes.append(event)
-                    yield W.sse(W.chat_chunk(cid, created, model, i,
-                                             finish_reason=event.reason))
+                    reason = event.reason
+                    if tools is not None:
+                        choice = held[i]
+                        choice.finish_reason = reason
+                        settle_tools(choice, tools, fmt)
+                        reason = choice.finish_reason
+                        if choice.text:
+                            yield W.sse(W.chat_chunk(
+                                cid, created, model, i, content=choice.text,
+                                tokens=choice.tokens if req.logprobs else None))
+                        for delta in W.tool_call_deltas(choice.tool_calls):
+                            yield W.sse(W.chat_chunk(cid, created, model, i, tool_calls=delta))
+                    yield W.sse(W.chat_chunk(cid, created, model, i, finish_reason=reason))
                 usage = W.Usage.of(finishes)
                 _usage_log(request, model, usage, rt.metrics)
                 if req.include_usage:
@@ -501,8 +578,9 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         raw = await read_json(request, settings)
         req = W.parse_responses(raw)
         engine, model = resolve(req.model)
-        grammar = await compile_grammar(engine, req.grammar)
-        history: list[dict[str, str]] = []
+        tools = _active(req.tools)
+        grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
+        history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             previous = store.get(req.previous_response_id)
             if previous is None:
@@ -518,25 +596,35 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                                "invalid_request_error", field="previous_response_id")
             history = list(previous.history)
         conversation = history + req.messages
+        T.check_tool_turns(conversation, "input", indexed=False)
         messages = ([{"role": "system", "content": req.instructions}] if req.instructions
                     else []) + conversation
         gen = engine.generator
-        prompt = await asyncio.to_thread(gen.chat_prompt, messages, "input")
+        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, messages, tools, "input")
         limit = gen.output_limit(len(prompt), req.max_output_tokens, field="max_output_tokens",
                                  prompt_field="input")
         running = start(gen, prompt, req.params, limit, grammar=grammar)
         rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
 
         def finished(text: str, finish: Finish) -> dict[str, Any]:
+            choice = W.Choice(text=text, finish_reason=finish.reason)
+            settle_tools(choice, tools, fmt)
+            text = choice.text
             usage = W.Usage.of([finish])
             _usage_log(request, model, usage, rt.metrics)
             status = W.response_status(finish.reason)
+            output = [W.function_call_item(c) for c in choice.tool_calls]
+            if text or not output:
+                output.insert(0, W.output_message(item_id, text, status))
             body = W.response_object(rid, created, model, req, status=status, limit=limit,
-                                     output=[W.output_message(item_id, text, status)],
-                                     usage=usage)
+                                     output=output, usage=usage)
             if req.store:
-                entry = Stored(body, model, req.input_items,
-                               conversation + [{"role": "assistant", "content": text}])
+                said: dict[str, Any] = {"role": "assistant", "content": text}
+                if choice.tool_calls:
+                    said["tool_calls"] = [{"id": c.id, "name": c.name,
+                                           "arguments": c.arguments}
+                                          for c in choice.tool_calls]
+                entry = Stored(body, model, req.input_items, conversation + [said])
                 if not store.put(rid, entry):
                     body["store"] = False  # too large to keep: say so, never pretend
             return body
@@ -560,6 +648,20 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             try:
                 yield event("response.created", response=start_obj)
                 yield event("response.in_progress", response=start_obj)
+                if tools is not None:  # the whole reply first: its calls are checked
+                    async for _, ev in merge(running):
+                        if isinstance(ev, Delta):
+                            text += ev.text
+                            continue
+                        error = _failure(ev)
+                        if error is not None:
+                            raise error
+                        body = finished(text, ev)
+                        for index, item in enumerate(body["output"]):
+                            for kind, data in W.output_item_events(item, index):
+                                yield event(kind, **data)
+                        yield event(f"response.{body['status']}", response=body)
+                    return
                 place = {"item_id": item_id, "output_index": 0}
                 yield event("response.output_item.added", output_index=0,
                             item=W.output_message(item_id, "", "in_progress"))

@@ -1,0 +1,513 @@
+"""Function tools (pure): the ``tools``/``tool_choice`` fields, how the model is told about the
+functions, the grammar that forces a call, and parsing the calls out of the generated text.
+
+Rendering. A chat template that declares tools (its source mentions ``tools``) gets them
+through ``apply_chat_template(..., tools=...)`` and the calls in its own format. A template
+without tools (SmolLM2, Gemma 2/3, Llama 2) gets one portable instruction: a system block that
+lists the functions as JSON inside ``<tools></tools>`` and asks for
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` — the Hermes/Qwen wording,
+because it is what the most open checkpoints were tuned on. Earlier calls are written back in
+that format and tool results as a user turn of ``<tool_response>`` blocks, so templates that
+insist on alternating user/assistant turns still render.
+
+Parsing. The formats recognised are the ones with explicit delimiters, so ordinary text (or
+JSON content) is never mistaken for a call:
+
+- Hermes/Qwen ``<tool_call>{json}</tool_call>`` (Qwen 2.5/3, Hermes, SmolLM3, and every
+  template-less model through the portable instruction);
+- Mistral ``[TOOL_CALLS][{"name", "arguments"}, ...]`` (also ``[TOOL_CALLS]name[ARGS]{...}``);
+- Llama 3.x ``<|python_tag|>{"name", "parameters"}`` and, only for a Llama template (selected
+  by :func:`native_format`), a whole reply that is one ``{"name", "parameters"}`` object.
+
+Gemma 2/3 templates declare no tools (Gemma's own guidance is a prompt convention), so Gemma
+uses the portable instruction and its Hermes calls. A completed call that does not parse, names
+an unknown function, or whose arguments are not an object (or break a ``strict`` schema) is a
+:class:`MalformedCall`: the route answers 502 ``invalid_model_output`` and never passes it on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onepass.contract import ContractError, _describe
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CHOICES = ("auto", "none", "required")
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_CALLS = "[TOOL_CALLS]"
+LLAMA_TAG = "<|python_tag|>"
+# x-guidance settings every forced call is generated under (nothing loosened, compact JSON)
+_STRICT_JSON = {"whitespace_flexible": False, "lenient": False, "coerce_one_of": False}
+
+
+class MalformedCall(ValueError):
+    """A completed tool call the client must not receive (502 invalid_model_output)."""
+
+
+@dataclass(frozen=True)
+class Function:
+    """One declared function tool."""
+
+    name: str
+    description: str | None
+    parameters: Mapping[str, Any]
+    strict: bool
+
+    def chat_tool(self) -> dict[str, Any]:
+        """The Chat Completions shape (what templates and the instruction show the model)."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description:
+            fn["description"] = self.description
+        fn["parameters"] = dict(self.parameters)
+        return {"type": "function", "function": fn}
+
+    def responses_tool(self) -> dict[str, Any]:
+        return {"type": "function", "name": self.name, "description": self.description,
+                "parameters": dict(self.parameters), "strict": self.strict}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A request's tools and how they may be used. ``choice``: auto, none, required or
+    function (then ``named`` is the function)."""
+
+    functions: tuple[Function, ...]
+    choice: str
+    named: str | None
+    parallel: bool
+
+    @property
+    def active(self) -> bool:
+        """The model is shown the tools and its calls are parsed."""
+        return bool(self.functions) and self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """A call is forced by the grammar."""
+        return self.active and self.choice in ("required", "function")
+
+    def function(self, name: str) -> Function | None:
+        return next((f for f in self.functions if f.name == name), None)
+
+    def choice_wire(self, dialect: str) -> Any:
+        """``tool_choice`` as a response echoes it."""
+        if self.choice != "function":
+            return self.choice
+        if dialect == "responses":
+            return {"type": "function", "name": self.named}
+        return {"type": "function", "function": {"name": self.named}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: ``arguments`` is compact JSON text of an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+# --------------------------------------------------------------------------- the request
+
+
+def parse_tool_request(
+    tools: Any, tool_choice: Any, parallel: Any, *, dialect: str = "chat",
+) -> ToolSpec | None:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` of a chat (``dialect`` chat) or
+    responses body; None when no tools are given (then a tool_choice other than none/auto
+    is refused: it names nothing)."""
+    functions = parse_tools(tools, dialect=dialect)
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise ContractError("parallel_tool_calls", f"expected true or false, got "
+                            f"{_describe(parallel)}")
+    choice, named = parse_tool_choice(tool_choice, functions, dialect=dialect)
+    if not functions:
+        return None
+    return ToolSpec(functions, choice, named, parallel)
+
+
+def parse_tools(raw: Any, *, dialect: str = "chat") -> tuple[Function, ...]:
+    """The ``tools`` array: function tools only (Chat: ``{"type": "function", "function":
+    {name, description, parameters, strict}}``; Responses: those keys beside ``type``)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ContractError("tools", f"expected an array of function tools, got "
+                            f"{_describe(raw)}")
+    if len(raw) > MAX_TOOLS:
+        raise ContractError("tools", f"{len(raw)} tools is over the limit of {MAX_TOOLS}")
+    out: list[Function] = []
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise ContractError(where, f"expected a function tool object, got {_describe(tool)}")
+        if tool.get("type") != "function":
+            raise ContractError(f"{where}.type", f"only function tools are supported, got "
+                                f"{_describe(tool.get('type'))}")
+        if dialect == "chat":
+            _only(tool, {"type", "function"}, where)
+            body, at = tool.get("function"), f"{where}.function"
+            if not isinstance(body, Mapping):
+                raise ContractError(at, f"expected an object {{name, description, parameters}}, "
+                                    f"got {_describe(body)}")
+            _only(body, {"name", "description", "parameters", "strict"}, at)
+        else:
+            body, at = tool, where
+            _only(body, {"type", "name", "description", "parameters", "strict"}, at)
+        name = body.get("name")
+        if not (isinstance(name, str) and _NAME.fullmatch(name)):
+            raise ContractError(f"{at}.name", "expected 1 to 64 letters, digits, '_' or '-', "
+                                f"got {_describe(name)}")
+        if any(f.name == name for f in out):
+            raise ContractError(f"{at}.name", f"function {name!r} is declared twice")
+        description = body.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ContractError(f"{at}.description", f"expected a string, got "
+                                f"{_describe(description)}")
+        parameters = body.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object":
+            raise ContractError(f"{at}.parameters", "expected a JSON Schema of type object, got "
+                                f"{_describe(parameters)}")
+        strict = body.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ContractError(f"{at}.strict", f"expected a boolean, got {_describe(strict)}")
+        _check_schema(parameters, f"{at}.parameters")
+        out.append(Function(name, description, parameters, bool(strict)))
+    return tuple(out)
+
+
+def parse_tool_choice(
+    raw: Any, functions: Sequence[Function], *, dialect: str = "chat",
+) -> tuple[str, str | None]:
+    """(choice, named function): auto (the default with tools), none, required, or a
+    function that must be among ``tools``."""
+    if raw is None:
+        return ("auto" if functions else "none"), None
+    if isinstance(raw, str):
+        if raw not in CHOICES:
+            raise ContractError("tool_choice", "expected auto, none, required or a named "
+                                f"function, got {raw!r}")
+        if raw == "required" and not functions:
+            raise ContractError("tool_choice", "required needs at least one function in tools")
+        return raw, None
+    if not isinstance(raw, Mapping) or raw.get("type") != "function":
+        raise ContractError("tool_choice", "expected auto, none, required or "
+                            '{"type": "function", ...}, got ' + _describe(raw))
+    if dialect == "chat":
+        fn = raw.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        where = "tool_choice.function.name"
+    else:
+        name, where = raw.get("name"), "tool_choice.name"
+    if not isinstance(name, str):
+        raise ContractError(where, f"expected a function name, got {_describe(name)}")
+    if not any(f.name == name for f in functions):
+        known = ", ".join(f.name for f in functions) or "none"
+        raise ContractError(where, f"unknown function {name!r}; tools declares: {known}")
+    return "function", name
+
+
+def _only(raw: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    extra = sorted(str(k) for k in raw if k not in allowed)
+    if extra:
+        raise ContractError(where, f"unknown key(s) {', '.join(extra)}; expected only "
+                            f"{', '.join(sorted(allowed))}")
+
+
+def _check_schema(schema: Mapping[str, Any], where: str) -> None:
+    """A parameters schema must itself be a valid JSON Schema (it is used to validate)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(dict(schema))
+    except SchemaError as exc:
+        raise ContractError(where, f"not a valid JSON Schema: {exc.message}") from None
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def template_declares_tools(template: str | None) -> bool:
+    """The chat template renders a ``tools`` variable (else: the portable instruction)."""
+    return bool(template) and re.search(r"\btools\b", template or "") is not None
+
+
+def native_format(template: str | None) -> str:
+    """Which call format a template's model writes: hermes, mistral or llama."""
+    text = template or ""
+    if not template_declares_tools(text) or CALL_OPEN in text:
+        return "hermes"
+    if MISTRAL_CALLS in text:
+        return "mistral"
+    if LLAMA_TAG in text or "<|eom_id|>" in text or "ipython" in text:
+        return "llama"
+    return "hermes"
+
+
+def instruction(spec: ToolSpec) -> str:
+    """The portable system block: the functions as JSON and the exact call format."""
+    listed = "\n".join(json.dumps(f.chat_tool(), ensure_ascii=False) for f in spec.functions)
+    how = ("Call a function only when it helps answer the user." if spec.choice == "auto"
+           else "You must call a function now.")
+    if spec.choice == "function":
+        how = f"You must call the function {spec.named} now."
+    many = ("one <tool_call></tool_call> block per call" if spec.parallel
+            else "one <tool_call></tool_call> block (a single call)")
+    return (
+        "# Tools\n\nYou may call functions to help answer the user. The functions are "
+        "described in JSON Schema inside <tools></tools>:\n<tools>\n" + listed + "\n</tools>\n\n"
+        f"{how} To call a function, reply with {many}, each holding a JSON object with the "
+        "function's name and its arguments:\n<tool_call>\n"
+        '{"name": "<function-name>", "arguments": {<arguments as JSON>}}\n</tool_call>\n'
+        "A function's result comes back in a <tool_response></tool_response> block."
+    )
+
+
+def portable_messages(messages: Sequence[Mapping[str, Any]],
+                      spec: ToolSpec | None) -> list[dict[str, str]]:
+    """Messages (normalised, assistant ``tool_calls`` kept) as plain role/content turns for
+    a template without tools: the instruction joins the first system message (or becomes
+    one), calls are written as ``<tool_call>`` blocks, tool results as one user turn."""
+    out: list[dict[str, str]] = []
+    block = instruction(spec) if spec is not None and spec.active else None
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if role == "assistant" and message.get("tool_calls"):
+            calls = [f"{CALL_OPEN}\n" + json.dumps(
+                {"name": c["name"], "arguments": json.loads(c["arguments"])},
+                ensure_ascii=False) + f"\n{CALL_CLOSE}" for c in message["tool_calls"]]
+            content = "\n".join(([content] if content else []) + calls)
+        elif role == "tool":
+            response = f"<tool_response>\n{content}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + response
+                continue
+            out.append({"role": "user", "content": response, "_tool": "1"})
+            continue
+        out.append({"role": role, "content": content})
+    for message in out:
+        message.pop("_tool", None)
+    if block is not None:
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def native_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages for a template that declares tools: calls as HF templates expect them
+    (``{"type": "function", "function": {"name", "arguments": <object>}}``)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        item: dict[str, Any] = {k: v for k, v in message.items() if k != "tool_calls"}
+        if message.get("tool_calls"):
+            item["tool_calls"] = [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": json.loads(c["arguments"])}}
+                for c in message["tool_calls"]]
+        out.append(item)
+    return out
+
+
+def check_tool_turns(messages: Sequence[Mapping[str, Any]], field: str = "messages", *,
+                     indexed: bool = True) -> None:
+    """Every tool result answers a call of the assistant turn before it, and every call of
+    that turn is answered before the conversation goes on. ``indexed``: name the message
+    (``messages[3]``); else only ``field`` (Responses items do not map one to one)."""
+    pending: dict[str, str] = {}
+    for i, message in enumerate(messages):
+        role = message["role"]
+        where = f"{field}[{i}]" if indexed else field
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            at = f"{where}.tool_call_id" if indexed else field
+            if call_id is None:
+                raise ContractError(at, "a tool message needs the tool_call_id of the call it "
+                                    "answers")
+            if call_id not in pending:
+                raise ContractError(at, f"no pending tool call {call_id!r} in the assistant "
+                                    "turn before it")
+            del pending[call_id]
+            continue
+        if pending:
+            missing = ", ".join(sorted(pending))
+            raise ContractError(where, f"tool call(s) {missing} have no result yet; send one "
+                                "result per call first")
+        if role == "assistant":
+            pending = {c["id"]: c["name"] for c in message.get("tool_calls") or ()}
+
+
+def parse_assistant_calls(raw: Any, field: str) -> list[dict[str, str]]:
+    """An assistant message's ``tool_calls`` (Chat shape) as ``{id, name, arguments}``."""
+    if not isinstance(raw, list) or not raw:
+        raise ContractError(field, "expected a non-empty array of tool calls")
+    calls = []
+    for j, call in enumerate(raw):
+        where = f"{field}[{j}]"
+        if not isinstance(call, Mapping) or call.get("type", "function") != "function":
+            raise ContractError(where, "expected {id, type: function, function: {name, "
+                                "arguments}}")
+        fn = call.get("function")
+        if not isinstance(fn, Mapping):
+            raise ContractError(f"{where}.function", "expected {name, arguments}")
+        calls.append(call_record(call.get("id"), fn.get("name"), fn.get("arguments"),
+                                 id_field=f"{where}.id", fn_field=f"{where}.function"))
+    return calls
+
+
+def call_record(call_id: Any, name: Any, arguments: Any, *, id_field: str,
+                fn_field: str) -> dict[str, str]:
+    """One earlier call sent back by the client, checked: id, name, arguments (a JSON object
+    as text)."""
+    if not isinstance(call_id, str) or not call_id:
+        raise ContractError(id_field, "expected the call's id (a non-empty string)")
+    if not isinstance(name, str) or not name:
+        raise ContractError(f"{fn_field}.name", "expected the function's name")
+    if not isinstance(arguments, str):
+        raise ContractError(f"{fn_field}.arguments", "expected the arguments as a JSON string")
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        raise ContractError(f"{fn_field}.arguments", "not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise ContractError(f"{fn_field}.arguments", "expected a JSON object")
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+# --------------------------------------------------------------------------- forcing a call
+
+
+def call_grammar(spec: ToolSpec) -> str:
+    """A Lark grammar (llguidance) whose sentences are exactly well-formed Hermes calls:
+    ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, the arguments valid
+    under the function's parameters schema. A named function: one call; ``required``: one, or
+    several when parallel calls are allowed."""
+    names = [spec.named] if spec.choice == "function" else [f.name for f in spec.functions]
+    variants = []
+    for name in names:
+        fn = spec.function(name)
+        assert fn is not None
+        variants.append({
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": dict(fn.parameters)},
+            "required": ["name", "arguments"], "additionalProperties": False,
+        })
+    schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema = {**schema, "x-guidance": _STRICT_JSON}
+    # a named function is called once; required may call several when parallel calls are on
+    repeat = ' ("\\n" call)*' if spec.parallel and spec.choice == "required" else ""
+    return (f"start: call{repeat}\n"
+            f'call: "{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"\n'
+            f"body: %json {json.dumps(schema, ensure_ascii=False)}\n")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_calls(text: str, spec: ToolSpec, fmt: str = "hermes") -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a completed reply. ``content`` is the text outside the calls
+    (stripped); a malformed or unknown call raises :class:`MalformedCall`."""
+    if CALL_OPEN in text:
+        content, raw = _hermes(text)
+    elif MISTRAL_CALLS in text:
+        content, raw = _mistral(text)
+    elif LLAMA_TAG in text:
+        head, _, body = text.partition(LLAMA_TAG)
+        content, raw = head, [_json(body.strip(), "the <|python_tag|> call")]
+    elif fmt == "llama" and text.strip().startswith("{") and '"name"' in text:
+        content, raw = "", [_json(text.strip(), "the Llama JSON call")]
+    else:
+        return text, []
+    calls = [_check_call(obj, spec) for obj in raw]
+    if not spec.parallel and len(calls) > 1:
+        raise MalformedCall(f"the model made {len(calls)} calls but parallel_tool_calls is "
+                            "false")
+    return content.strip(), calls
+
+
+def content_before_calls(text: str) -> str:
+    """A reply cut at its output limit: the text before any call began (calls withheld)."""
+    cut = len(text)
+    for marker in (CALL_OPEN, MISTRAL_CALLS, LLAMA_TAG):
+        at = text.find(marker)
+        if at != -1:
+            cut = min(cut, at)
+    return text[:cut].strip() if cut < len(text) else text
+
+
+def _hermes(text: str) -> tuple[str, list[Any]]:
+    content, raw, rest = [], [], text
+    while CALL_OPEN in rest:
+        before, _, after = rest.partition(CALL_OPEN)
+        content.append(before)
+        body, closed, rest = after.partition(CALL_CLOSE)
+        if not closed:
+            raise MalformedCall("a <tool_call> block is not closed")
+        raw.append(_json(body.strip(), "a <tool_call> block"))
+    content.append(rest)
+    return "".join(content), raw
+
+
+def _mistral(text: str) -> tuple[str, list[Any]]:
+    head, _, body = text.partition(MISTRAL_CALLS)
+    body = body.strip()
+    if "[ARGS]" in body:  # newer form: name[ARGS]{...}, repeated
+        raw = []
+        for part in body.split(MISTRAL_CALLS):
+            name, sep, args = part.partition("[ARGS]")
+            if not sep:
+                raise MalformedCall("a [TOOL_CALLS] call without [ARGS]")
+            raw.append({"name": name.strip(), "arguments": _json(args.strip(), "[ARGS]")})
+        return head, raw
+    found = _json(body, "the [TOOL_CALLS] array")
+    return head, found if isinstance(found, list) else [found]
+
+
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MalformedCall(f"{what} is not valid JSON ({exc.msg})") from None
+
+
+def _check_call(obj: Any, spec: ToolSpec) -> ToolCall:
+    if not isinstance(obj, Mapping):
+        raise MalformedCall(f"a call is not a JSON object: {_describe(obj)}")
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters"))
+    if not isinstance(name, str):
+        raise MalformedCall("a call has no function name")
+    fn = spec.function(name)
+    if fn is None:
+        raise MalformedCall(f"the model called an unknown function {name!r}")
+    if spec.choice == "function" and name != spec.named:
+        raise MalformedCall(f"the model called {name!r}, not the required {spec.named!r}")
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        args = _json(args, f"the arguments of {name}")
+    if not isinstance(args, Mapping):
+        raise MalformedCall(f"the arguments of {name} are not a JSON object")
+    if fn.strict or spec.forced:
+        from jsonschema import Draft202012Validator
+
+        error = next(iter(Draft202012Validator(dict(fn.parameters)).iter_errors(args)), None)
+        if error is not None:
+            raise MalformedCall(f"the arguments of {name} break its parameters schema: "
+                                f"{error.message}")
+    return ToolCall(new_call_id(), name, json.dumps(args, ensure_ascii=False,
+                                                    separators=(",", ":")))
