@@ -11,7 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from onepass.commands import decide, decide_schema, generate, merge, quantize, serve, train
+from onepass.commands import (
+    calibrate,
+    decide,
+    decide_schema,
+    generate,
+    merge,
+    quantize,
+    serve,
+    train,
+)
 from onepass.commands import eval as evaluate
 from onepass.commands.common import CommandParser
 
@@ -22,6 +31,7 @@ COMMANDS = {
     "generate": generate,
     "train": train,
     "eval": evaluate,
+    "calibrate": calibrate,
     "merge": merge,
     "quantize": quantize,
 }

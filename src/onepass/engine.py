@@ -421,7 +421,8 @@ class DecisionEngine:
 
     def set_calibration(self, calibration: Any) -> None:
         """Apply ``calibration`` (a :class:`onepass.calibration.Calibration` or a path to its
-        file) to every answer; refused when fitted for another model, dtype, adapter or prompt."""
+        file) to every answer read in the debias mode it was fitted on; refused when fitted for
+        another model, dtype, adapter or prompt version."""
         from onepass.calibration import Calibration
 
         if calibration is None:
@@ -490,7 +491,9 @@ class DecisionEngine:
         answers = {}
         for q in request.questions:
             p = probs.get(q.name, [1.0])
-            if self.calibration is not None and q.name in probs:
+            # a calibration is fitted on one debias mode's distributions: only those get it
+            if self.calibration is not None and q.name in probs \
+                    and self.calibration.debias == mode:
                 p = self.calibration.apply(q, p)
             answers[q.name] = _answer(q, p)
             if self.abstain_below is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -135,6 +136,54 @@ def add_model_arguments(
         env_argument(g, "--temperature", type=positive_float, default=1.0,
                      help="readout temperature over the candidate labels (finite, > 0; "
                      "default 1.0)")
+        add_quality_arguments(parser)
+
+
+def probability(text: str) -> float:
+    """A number within [0, 1]."""
+    try:
+        value: float | None = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number within [0, 1], got {text!r}")
+    return value
+
+
+def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
+    """Order-invariance, calibration and abstention of the decision readout."""
+    g = parser.add_argument_group("decision quality")
+    env_argument(g, "--debias", default="none", choices=["none", "rotations"],
+                 help="rotations: read every cyclic rotation of each question's options in the "
+                 "same forward and average them back (order-invariant answers; K suffixes for "
+                 "K options); a request's 'debias' field overrides it (default: none)")
+    env_argument(g, "--calibration",
+                 help="a calibration.json from onepass calibrate, applied to every answer "
+                 "(refused when fitted for another model, dtype, adapter or prompt version)")
+    env_argument(g, "--abstain-below", type=probability,
+                 help="mark answers whose top probability is below this with "
+                 "\"abstained\": true (default: the calibration file's fitted threshold, if any)")
+
+
+def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
+    """Set the quality flags on a loaded engine; a mismatched calibration exits with why."""
+    from onepass.calibration import CalibrationError
+
+    engine.debias = getattr(args, "debias", None) or "none"
+    if getattr(args, "calibration", None):
+        try:
+            engine.set_calibration(args.calibration)
+        except CalibrationError as exc:
+            raise SystemExit(f"error: --calibration {args.calibration}: {exc}") from None
+        if engine.calibration.debias != engine.debias:
+            print(f"warning: --calibration was fitted with --debias {engine.calibration.debias}"
+                  f"; it applies only to requests read that way (--debias is {engine.debias})",
+                  file=sys.stderr)
+    threshold = getattr(args, "abstain_below", None)
+    if threshold is None and engine.calibration is not None:
+        threshold = engine.calibration.abstain_below
+    engine.set_abstain_below(threshold)
+    return engine
 
 
 ENGINES = ("onepass", "llama-server", "llama-cpp-python", "vllm", "sglang")
@@ -168,7 +217,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
 def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
     from onepass.engine import DecisionEngine
 
-    return DecisionEngine.from_pretrained(
+    engine = DecisionEngine.from_pretrained(
         args.model,
         device=args.device,
         dtype=args.dtype,
@@ -181,3 +230,4 @@ def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
         served_name=args.served_model_name,
         **backend_options(args),
     )
+    return apply_quality(engine, args) if readout else engine

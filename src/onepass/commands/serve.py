@@ -23,6 +23,7 @@ from typing import Any
 
 from onepass.commands.common import (
     add_model_arguments,
+    apply_quality,
     env_argument,
     non_negative_int,
     positive_int,
@@ -178,6 +179,7 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
         max_input_tokens=spec.max_input_tokens, temperature=args.temperature,
         served_name=spec.served_model,
     )
+    apply_quality(engine, args)
     engine.max_concurrency = spec.max_concurrency
     engine.generation_options = {"max_sequences": spec.max_concurrency,
                                  "default_max_output_tokens": spec.default_max_output_tokens}

@@ -1,0 +1,116 @@
+"""Calibration files: round trip, refusal on mismatch, and a lower held-out ECE on real data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from onepass.calibration import (
+    Calibration,
+    CalibrationError,
+    QuestionCorrection,
+    Sample,
+    collect,
+    content_free_bias,
+    fit,
+    fit_abstention,
+    metrics,
+    question_key,
+)
+from onepass.contract import parse_request
+from onepass.datasets import clinc150_domain_routing
+from onepass.train.dataset import parse_record
+
+IDENTITY = {"model": "smollm2-135m-instruct", "dtype": "float32", "adapter": None,
+            "prompt_version": "onepass-prompt-1"}
+
+
+def _question(order=("a", "b", "c")):
+    criteria = {k: f"option {k}" for k in order}
+    return parse_request({"state": "x", "questions": {"q": {
+        "type": "choice", "instructions": "Pick one", "criteria": criteria}}}).questions[0]
+
+
+def test_question_key_ignores_option_order_but_not_content():
+    assert question_key(_question()) == question_key(_question(("c", "a", "b")))
+    assert question_key(_question()) != question_key(_question(("a", "b", "d")))
+
+
+def test_round_trip_and_apply(tmp_path):
+    q = _question()
+    cal = Calibration(IDENTITY, "fit", debias="rotations",
+                      questions={question_key(q): QuestionCorrection(
+                          "q", "choice", 2.0, {"a": 0.5, "b": 0.0, "c": -0.5})},
+                      type_temperature={"choice": 1.5}, abstain_below=0.4,
+                      report={"note": "x"})
+    path = cal.save(tmp_path / "calibration.json")
+    back = Calibration.load(path)
+    assert back.to_json() == cal.to_json()
+    assert json.loads(path.read_text())["prompt_version"] == "onepass-prompt-1"
+    p = back.apply(q, [0.2, 0.3, 0.5])
+    assert sum(p) == pytest.approx(1.0)
+    # log p / 2 + b, softmax: worked by hand
+    import math
+    z = [math.log(0.2) / 2 + 0.5, math.log(0.3) / 2, math.log(0.5) / 2 - 0.5]
+    expected = [math.exp(x) / sum(math.exp(y) for y in z) for x in z]
+    assert p == pytest.approx(expected)
+    # a question the file has not seen: the type's temperature only
+    other = _question(("x", "y"))
+    assert back.apply(other, [0.8, 0.2])[0] == pytest.approx(
+        0.8 ** (1 / 1.5) / (0.8 ** (1 / 1.5) + 0.2 ** (1 / 1.5)))
+
+
+def test_mismatch_is_refused(tmp_path):
+    cal = Calibration(dict(IDENTITY, prompt_version="onepass-prompt-0"), "fit")
+    with pytest.raises(CalibrationError, match="prompt_version: file 'onepass-prompt-0'"):
+        cal.check(IDENTITY)
+    cal.check(dict(cal.identity))  # its own identity passes
+    (tmp_path / "bad.json").write_text('{"format": "something-else"}')
+    with pytest.raises(CalibrationError, match="not a calibration file"):
+        Calibration.load(tmp_path / "bad.json")
+
+
+def test_engine_refuses_another_models_file(engine, tmp_path):
+    path = Calibration(dict(engine.identity(), model="another-model"), "fit").save(
+        tmp_path / "c.json")
+    with pytest.raises(CalibrationError, match="model: file 'another-model'"):
+        engine.set_calibration(path)
+    assert engine.calibration is None
+
+
+def test_abstention_threshold_meets_the_target():
+    q = _question(("a", "b"))
+    samples = [Sample(q, 0, (c, 1 - c)) for c in (0.95, 0.9, 0.85, 0.8)]
+    samples += [Sample(q, 1, (c, 1 - c)) for c in (0.75, 0.7, 0.6)]
+    threshold, curve = fit_abstention(samples, None, 0.2)
+    assert threshold == 0.75  # answering down to 0.75: 1 error in 5
+    assert curve[-1]["coverage"] == 1.0 and curve[-1]["error"] == pytest.approx(3 / 7)
+
+
+def _records(data_dir, split, limit, seed):
+    raws = clinc150_domain_routing(data_dir, split, limit=limit, seed=seed, describe=False)
+    return [parse_record(raw, f"clinc-{split}", i) for i, raw in enumerate(raws, start=1)]
+
+
+def test_calibrated_ece_is_lower_on_held_out_clinc150(engine, data_dir):
+    """Fit on CLINC150 validation records, score on test records (different utterances)."""
+    train = collect(engine, _records(data_dir, "val", 60, seed=0))
+    held = collect(engine, _records(data_dir, "test", 60, seed=0))
+    prior = content_free_bias(engine, [train[0].question])
+    before = metrics(held)
+    for method in ("fit", "both"):
+        after = metrics(held, fit(train, method, engine.identity(), content_free=prior))
+        assert after["ece"] < before["ece"], (method, before, after)
+        assert after["nll"] < before["nll"], (method, before, after)
+    # the engine applies a fitted file to served answers
+    cal = fit(train, "fit", engine.identity(), content_free=prior)
+    record = _records(data_dir, "test", 1, seed=5)[0]
+    raw = engine.answer(record.request)["answers"]["domain"]["probabilities"]
+    engine.set_calibration(cal)
+    try:
+        served = engine.answer(record.request)["answers"]["domain"]["probabilities"]
+    finally:
+        engine.set_calibration(None)
+    q = record.request.questions[0]
+    assert list(served.values()) == pytest.approx(cal.apply(q, [raw[o] for o in q.options]))
