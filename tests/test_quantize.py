@@ -67,7 +67,8 @@ def decoded_copy(model, scheme: str):
                          + [("fp8", "llama"), ("fp8", "qwen2"), ("fp8", "gemma3_text")])
 def test_artifact_loads_back_into_the_model_it_encodes(scheme, family, tokenizer, tmp_path):
     model = tiny_model(family, len(tokenizer))
-    config = write_quantized(model, tokenizer, tmp_path, scheme)
+    config = write_quantized(model, tokenizer, tmp_path, scheme, embedding="float32",
+                             compute="stored")
     assert json.loads((tmp_path / QUANT_CONFIG).read_text()) == config
     assert config["quantized_layers"] == sorted(name for name, _ in decoder_linears(model))
 
@@ -99,7 +100,7 @@ def test_fp8_and_fp4_tensor_layout(tokenizer, tmp_path):
             name = "model.layers.0.self_attn.q_proj.weight"
             weight, scale = f.get_tensor(name), f.get_tensor(name + "_scale")
             assert f.get_tensor("model.layers.0.self_attn.q_proj.bias").dtype == torch.float32
-            assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
+            assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
             if scheme == "fp8":
                 assert weight.dtype == torch.float8_e4m3fn and weight.shape == (64, 64)
                 assert scale.dtype == torch.float32 and scale.shape == (64,)

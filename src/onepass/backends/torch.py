@@ -31,8 +31,13 @@ from onepass.backends.kv_arena import ArenaCache, KVArena
 from onepass.backends.packed_attention import Segment, Segments
 from onepass.cache import CacheStats, PrefixCache
 from onepass.models import check_family
-from onepass.quant.artifact import QuantizeError, load_quantized, read_quantization
-from onepass.quant.linear import weight_bytes
+from onepass.quant.artifact import (
+    QuantizeError,
+    load_quantized,
+    read_quantization,
+    resolve_compute,
+)
+from onepass.quant.linear import to_working_weights, weight_bytes
 
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 MERGE_PAIRS = 32768
@@ -50,12 +55,30 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+def cpu_has_bf16() -> bool:
+    """Whether the CPU reports native bfloat16 arithmetic (AVX512-BF16 or AMX-BF16): there a
+    bfloat16 forward is ~2x faster than float32; elsewhere bfloat16 is emulated and slower."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        found = capabilities()
+        return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
+    try:  # older torch: the kernel's own flags
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """float32 on CPU (bfloat16 is slower and noisier there); bf16/fp16 on accelerators."""
+    """``auto``: bfloat16 on a CPU with native bfloat16 units (float32 elsewhere on CPU, where
+    bfloat16 is emulated and slower), bf16/fp16 on CUDA. The candidate-row readout is float32
+    in every dtype."""
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "cpu" and cpu_has_bf16():
+            return torch.bfloat16
         return torch.float32
     if dtype not in table:
         raise ValueError(f"dtype: expected auto, float32, bfloat16 or float16, got {dtype!r}")
@@ -109,6 +132,7 @@ class TorchBackend:
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self.quantization: str | None = None
+        self.compute = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.weight_bytes = weight_bytes(model)
 
     # ------------------------------------------------------------------ loading
@@ -124,14 +148,26 @@ class TorchBackend:
         cache_entries: int = 16,
         cache_tokens: int = 32768,
         adapter: str | Path | None = None,
+        compute: str | None = None,
     ) -> TorchBackend:
+        """``compute`` picks the decoder linears' working weights: ``stored`` (as the checkpoint
+        has them; a quantized artifact decodes per forward), ``int8`` (per-channel int8 on
+        PyTorch's VNNI kernel), ``bfloat16`` / ``float32`` / ``float16`` (that dtype, decoded
+        once); None: the artifact's recorded choice, else ``auto`` (int8 on a VNNI CPU for a
+        quantized artifact, the checkpoint's own weights for a float one)."""
         family = check_family(Path(path) / "config.json")
         dev = pick_device(device)
+        quantization = read_quantization(path)
+        if compute is None:
+            compute = (quantization or {}).get("compute", "auto")
+        if compute in ("float32", "bfloat16", "float16"):
+            dtype = compute  # the float working weights are the model's dtype
         torch_dtype = pick_dtype(dtype, dev)
+        # a float checkpoint runs as stored unless int8 is asked for by name
+        working = resolve_compute(compute, dev) if quantization or compute == "int8" else "float"
         # Gemma 2 caps attention logits, which only the eager kernel implements.
         attn = "eager" if family == "gemma2" else "sdpa"
         tokenizer = AutoTokenizer.from_pretrained(path)
-        quantization = read_quantization(path)
         if quantization is None:
             model = AutoModelForCausalLM.from_pretrained(
                 path, dtype=torch_dtype, attn_implementation=attn
@@ -142,18 +178,23 @@ class TorchBackend:
                 "into quantized weights; quantize with it instead (onepass quantize --adapter)"
             )
         else:
-            model = load_quantized(path, quantization, dtype=torch_dtype, attn=attn)
+            model = load_quantized(path, quantization, dtype=torch_dtype, attn=attn,
+                                   compute=working)
         model = model.to(dev)
         if adapter is not None:
             from onepass.adapters import apply_adapter
 
             model = apply_adapter(model, adapter)
+        if quantization is None and working == "int8":
+            to_working_weights(model, "int8", torch_dtype)
         backend = cls(
             model, tokenizer, name=name, cache_entries=cache_entries, cache_tokens=cache_tokens
         )
+        backend.compute = {"float": str(torch_dtype).removeprefix("torch.")}.get(working, working)
         if quantization:
             backend.quantization = quantization["scheme"]
-            backend.merge_pairs = 4 * MERGE_PAIRS
+            if working == "stored" and quantization["scheme"] != "int8":
+                backend.merge_pairs = 4 * MERGE_PAIRS  # every pass re-decodes the weights
         return backend
 
     # ------------------------------------------------------------------ tokenizer
@@ -323,8 +364,16 @@ class TorchBackend:
         Used by tests and benchmarks to prove the fast path reads the same numbers.
         """
         with self._lock:
-            out = self.model(input_ids=torch.tensor([list(tokens)], device=self.device))
-            row = out.logits[0, -1].float()
+            ids = torch.tensor([list(tokens)], device=self.device)
+            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0, -1]
+            # the full vocabulary, projected in float32 like the fast path's candidate rows
+            # (in bfloat16 the model's own head would round logits to ~3 digits)
+            row = self.lm_head.weight.float() @ hidden.float()
+            bias = getattr(self.lm_head, "bias", None)
+            if bias is not None:
+                row = row + bias.float()
+            if self.softcap:
+                row = torch.tanh(row / self.softcap) * self.softcap
             return row[list(candidates)].tolist()
 
     def cache_stats(self) -> CacheStats:
@@ -610,7 +659,6 @@ class TorchBackend:
         if bos is not None and ids[0] == bos and len(ids) > 1:
             hidden = hidden[1:]
         return hidden.mean(dim=0).cpu().tolist()
-
 
 
 @dataclass(frozen=True)

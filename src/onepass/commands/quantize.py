@@ -1,8 +1,11 @@
 """Post-training quantization: merge an optional LoRA adapter, then write the decoder's linear
-weights as FP8 (E4M3, per-output-channel scales) or MXFP4 (E2M1 + one E8M0 exponent per 32
-weights). OUT is complete (weights, quantization_config.json, config, tokenizer): serve it
-with `onepass serve --model OUT`; it stays quantized in memory and each layer is dequantized
-only for its own forward. `--quantization none` performs only the merge.
+weights as FP8 (E4M3, per-output-channel scales), MXFP4 (E2M1 + one E8M0 exponent per 32
+weights) or int8 (per-output-channel scales), and the token embedding / output head in
+bfloat16 (or int8 per row, `--embedding`). OUT is complete (weights, quantization_config.json,
+config, tokenizer): serve it with `onepass serve --model OUT`. At load each layer becomes
+working weights once (`--compute`, recorded in OUT): auto = int8 on a CPU with VNNI (PyTorch's
+int8 kernel), a float dtype decoded once, or `stored` (kept as written, decoded per forward:
+least memory, slowest). `--quantization none` performs only the merge.
 
   onepass quantize --adapter out/lora --quantization fp4 --output-directory out/fp4
 """
@@ -15,19 +18,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HELP = "merge an adapter and write FP8 / MXFP4 weights that onepass serve loads"
+HELP = "merge an adapter and write FP8 / MXFP4 / int8 weights that onepass serve loads"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="base model: embedded alias (default: "
                         "smollm2-135m-instruct), .gguf, checkpoint directory or hub id")
     parser.add_argument("--adapter", help="LoRA adapter directory merged before quantizing")
-    parser.add_argument("--quantization", required=True, choices=["fp8", "fp4", "none"],
-                        help="fp8 (E4M3), fp4 (MXFP4) or none (merge only)")
+    parser.add_argument("--quantization", required=True, choices=["fp8", "fp4", "int8", "none"],
+                        help="fp8 (E4M3), fp4 (MXFP4), int8 (per channel) or none (merge only)")
     parser.add_argument("--output-directory", required=True, help="where to write")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="dtype of the tensors left in high precision (embeddings, norms, "
-                        "output head; default float32)")
+                        help="dtype of the tensors left in high precision (norms, biases; "
+                        "default float32)")
+    parser.add_argument("--embedding", default="bfloat16", choices=["bfloat16", "int8", "float32"],
+                        help="how the token embedding / output head is stored (default "
+                        "bfloat16; int8: one scale per row)")
+    parser.add_argument("--compute", default="auto",
+                        choices=["auto", "int8", "bfloat16", "float32", "float16", "stored"],
+                        help="working weights a load builds once (default auto: int8 on a CPU "
+                        "with VNNI, else the model's dtype; stored: decode every forward)")
 
 
 def quantize(
@@ -37,6 +47,9 @@ def quantize(
     output_directory: str | Path,
     dtype: str = "float32",
     show_progress: bool = False,
+    *,
+    embedding: str = "bfloat16",
+    compute: str = "auto",
 ) -> dict[str, Any]:
     """Merge, quantize and write OUT; returns its quantization_config.json."""
     import torch
@@ -76,7 +89,7 @@ def quantize(
                   disable=not show_progress) as progress:
         task = progress.add_task(scheme, total=len(decoder_linears(merged)))
         config = write_quantized(merged, tokenizer, out, scheme, dtype=torch_dtype,
-                                 provenance=provenance,
+                                 embedding=embedding, compute=compute, provenance=provenance,
                                  progress=lambda: progress.advance(task))
     return config
 
@@ -91,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = quantize(args.model, args.adapter, args.quantization, args.output_directory,
-                          args.dtype, show_progress=sys.stderr.isatty())
+                          args.dtype, show_progress=sys.stderr.isatty(),
+                          embedding=args.embedding, compute=args.compute)
     except (AdapterError, ModelError, QuantizeError) as exc:
         print(f"onepass quantize: {exc}", file=sys.stderr)
         return 2

@@ -2,9 +2,10 @@
 
 ``OUT/`` holds ``model.safetensors``, ``quantization_config.json`` and the base's
 ``config.json``, ``generation_config.json`` and tokenizer files, so ``onepass serve --model OUT``
-needs nothing else. Every linear layer of the decoder stack is quantized; the token embeddings,
-the norms and the output head stay in high precision (the head's candidate rows *are* the
-decision logits, and on tied models the head is the embedding table).
+needs nothing else. Every linear layer of the decoder stack is quantized; the token embeddings
+and the output head (on tied models the same table) are stored with the embedding codec
+(bfloat16 by default, ``int8`` per row: a fifth of a small model), the norms and biases in
+high precision.
 
 Tensor layout for a decoder linear ``N`` (``N.weight`` in the base; ``N.bias`` unchanged):
 
@@ -12,6 +13,7 @@ Tensor layout for a decoder linear ``N`` (``N.weight`` in the base; ``N.bias`` u
 scheme   ``N.weight``      ``N.weight_scale``                 ``N.weight_shape``
 =======  ================  =================================  ================================
 fp8      F8_E4M3 [out,in]  F32 [out] (per output channel)     --
+int8     I8 [out,in]       F32 [out] (per output channel)     --
 fp4      U8 flat, E2M1     U8 [out, ceil(in/32)], E8M0        I64 [2] = (out, in)
          pairs, row-major  (one exponent per 32 weights)
          over the row
@@ -21,7 +23,13 @@ fp4      U8 flat, E2M1     U8 [out, ceil(in/32)], E8M0        I64 [2] = (out, in
          low nibble
 =======  ================  =================================  ================================
 
-Decoding: fp8 ``w = e4m3 * scale[o]``; fp4 ``w = e2m1 * 2**(scale[o, i // 32] - 127)``.
+Decoding: fp8 ``w = e4m3 * scale[o]``; int8 ``w = q * scale[o]``; fp4
+``w = e2m1 * 2**(scale[o, i // 32] - 127)``. An int8 embedding ``E.weight`` is I8 [rows, dim]
+with ``E.weight_scale`` F32 [rows]; a bfloat16 / float32 one is the plain table.
+
+At load the decoder linears become *working weights* (``compute``): ``int8`` (PyTorch's
+dynamic int8 kernel, VNNI), the model's float dtype (decoded once), or ``stored`` (kept in the
+file's format and decoded on every forward: the least memory, the slowest).
 """
 
 from __future__ import annotations
@@ -34,13 +42,35 @@ from typing import Any
 
 import torch
 
-from onepass.quant.formats import Codec, Fp8Codec, Mxfp4Codec, codec_for
-from onepass.quant.linear import QuantizedLinear, decoder_linears, replace_module
+from onepass.quant.formats import (
+    EMBEDDING_CODECS,
+    Codec,
+    Fp8Codec,
+    Int8Codec,
+    Mxfp4Codec,
+    codec_for,
+    decode_embedding,
+    encode_embedding,
+)
+from onepass.quant.linear import (
+    Int8Linear,
+    QuantizedLinear,
+    decoder_linears,
+    replace_module,
+    to_working_weights,
+)
 
 QUANT_CONFIG = "quantization_config.json"
 WEIGHTS = "model.safetensors"
 FORMAT = "onepass-quantized"
-SCHEMES = ("none", "fp8", "fp4")
+SCHEMES = ("none", "fp8", "fp4", "int8")
+COMPUTES = ("auto", "int8", "stored", "float32", "bfloat16", "float16")
+WEIGHT_DESCRIPTIONS = {
+    "fp8": "float8 E4M3, one float32 scale per output channel",
+    "fp4": "MXFP4: E2M1 pairs per byte (low nibble first), one E8M0 exponent per 32 input "
+           "weights",
+    "int8": "int8, one float32 scale per output channel (symmetric)",
+}
 
 
 class QuantizeError(ValueError):
@@ -77,11 +107,48 @@ def refuse_quantized_input(path: str | Path) -> None:
                             "checkpoint instead")
 
 
+def cpu_has_int8_dot() -> bool:
+    """Whether the CPU has int8 dot-product units (VNNI / AMX-INT8) for the int8 kernel."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is None:
+        return False
+    found = capabilities()
+    return any(found.get(k) for k in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+def resolve_compute(compute: str, device: torch.device) -> str:
+    """``auto`` -> ``int8`` on a CPU with int8 dot-product units (as fast as bfloat16 there, a
+    quarter of float32's memory), else the model's float dtype (``float``); float dtype names
+    -> ``float``; ``int8`` is refused off the CPU (the kernel is a CPU one)."""
+    if compute not in COMPUTES:
+        raise QuantizeError(f"compute: expected one of {', '.join(COMPUTES)}, got {compute!r}")
+    if compute == "auto":
+        return "int8" if device.type == "cpu" and cpu_has_int8_dot() else "float"
+    if compute == "int8" and device.type != "cpu":
+        raise QuantizeError(f"compute int8 runs on the CPU only, not {device.type}: choose "
+                            "bfloat16 or stored")
+    return compute if compute in ("int8", "stored") else "float"
+
+
+def _embedding_names(model: Any) -> set[str]:
+    """State-dict names of the token embedding and the output head weights."""
+    names = set()
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if module is None:
+            continue
+        for name, candidate in model.named_modules():
+            if candidate is module:
+                names.add(f"{name}.weight")
+    return names
+
+
 def _stored_tensors(codec: Codec, name: str, weight: torch.Tensor) -> dict[str, torch.Tensor]:
     encoded = codec.encode(weight)
     if isinstance(codec, Fp8Codec):
         return {name: encoded["qweight"].view(torch.float8_e4m3fn),
                 f"{name}_scale": encoded["scale"]}
+    if isinstance(codec, Int8Codec):
+        return {name: encoded["qweight"], f"{name}_scale": encoded["scale"].reshape(-1)}
     return {name: encoded["qweight"].flatten(), f"{name}_scale": encoded["scale"],
             f"{name}_shape": torch.tensor(weight.shape, dtype=torch.int64)}
 
@@ -93,17 +160,28 @@ def write_quantized(
     scheme: str,
     *,
     dtype: torch.dtype = torch.float32,
+    embedding: str = "bfloat16",
+    compute: str = "auto",
     provenance: dict[str, Any] | None = None,
     progress: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Write ``model`` with its decoder linears in ``scheme`` (fp8 or fp4); returns the
-    ``quantization_config.json`` it wrote. Files appear atomically, one by one."""
+    """Write ``model`` with its decoder linears in ``scheme`` (fp8, fp4 or int8), the token
+    embedding / output head with the ``embedding`` codec; returns the
+    ``quantization_config.json`` it wrote (``compute``: the working weights a load picks unless
+    told otherwise). Files appear atomically, one by one."""
     from safetensors.torch import save_file
 
     codec = codec_for(scheme)
+    if embedding not in EMBEDDING_CODECS:
+        raise QuantizeError(f"embedding: expected one of {', '.join(EMBEDDING_CODECS)}, got "
+                            f"{embedding!r}")
+    if compute not in COMPUTES:
+        raise QuantizeError(f"compute: expected one of {', '.join(COMPUTES)}, got {compute!r}")
     linears = {name for name, _ in decoder_linears(model)}
+    tables = _embedding_names(model)
     state: dict[str, torch.Tensor] = {}
     kept: list[str] = []
+    stored_tables: list[str] = []
     seen: set[int] = set()
     for name, tensor in model.state_dict().items():
         storage = tensor.untyped_storage().data_ptr()
@@ -115,6 +193,10 @@ def write_quantized(
             state.update(_stored_tensors(codec, name, tensor))
             if progress is not None:
                 progress()
+        elif name in tables:
+            state.update({f"{name}{suffix}": t for suffix, t in
+                          encode_embedding(embedding, tensor).items()})
+            stored_tables.append(name)
         else:
             state[name] = tensor.detach().to(dtype).contiguous()
             kept.append(name)
@@ -133,10 +215,10 @@ def write_quantized(
         "format": FORMAT,
         "scheme": scheme,
         "block_size": Mxfp4Codec.block_size if scheme == "fp4" else None,
-        "weights": ("float8 E4M3, one float32 scale per output channel" if scheme == "fp8" else
-                    "MXFP4: E2M1 pairs per byte (low nibble first), one E8M0 exponent per "
-                    "32 input weights"),
+        "weights": WEIGHT_DESCRIPTIONS[scheme],
         "quantized_layers": sorted(linears),
+        "embedding": {"codec": embedding, "tensors": sorted(stored_tables)},
+        "compute": compute,
         "high_precision": {"dtype": str(dtype).removeprefix("torch."), "tensors": kept},
         "tied_output_head": bool(getattr(model.config, "tie_word_embeddings", False)),
         **(provenance or {}),
@@ -148,10 +230,12 @@ def write_quantized(
 
 
 def load_quantized(
-    path: str | Path, config: dict[str, Any], *, dtype: torch.dtype, attn: str
+    path: str | Path, config: dict[str, Any], *, dtype: torch.dtype, attn: str,
+    compute: str = "stored",
 ) -> Any:
-    """Build the model with :class:`QuantizedLinear` decoder layers straight from the file:
-    float weights of those layers are never materialised."""
+    """Build the model straight from the file, its decoder linears as ``compute`` working
+    weights (``stored``: :class:`QuantizedLinear`, ``int8``: :class:`Int8Linear`, ``float``:
+    decoded once into ``dtype``), one layer at a time (never the whole float model)."""
     from accelerate import init_empty_weights
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -163,9 +247,10 @@ def load_quantized(
             AutoConfig.from_pretrained(path), dtype=dtype, attn_implementation=attn
         )
     tensors = load_file(str(path / WEIGHTS))
+    shaped = not isinstance(codec, (Fp8Codec, Int8Codec))
     for name, linear in decoder_linears(model):
         key = f"{name}.weight"
-        needed = [key, f"{key}_scale"] + ([] if isinstance(codec, Fp8Codec) else [f"{key}_shape"])
+        needed = [key, f"{key}_scale"] + ([f"{key}_shape"] if shaped else [])
         if any(k not in tensors for k in needed):
             raise QuantizeError(f"{path / WEIGHTS}: no quantized {key} (needs "
                                 f"{', '.join(needed)}): the file does not match its config.json")
@@ -173,14 +258,31 @@ def load_quantized(
         shape = (linear.out_features, linear.in_features)
         if isinstance(codec, Fp8Codec):
             found, qweight = tuple(stored.shape), stored.view(torch.uint8)
+        elif isinstance(codec, Int8Codec):
+            found, qweight = tuple(stored.shape), stored
         else:
             found, qweight = tuple(tensors.pop(f"{key}_shape").tolist()), stored.view(shape[0], -1)
         if found != shape:
             raise QuantizeError(f"{path / WEIGHTS}: {key} is {found}, config.json says {shape}")
         bias = tensors.pop(f"{name}.bias", None)
-        replace_module(model, name, QuantizedLinear(
-            codec, linear.in_features, linear.out_features, {"qweight": qweight, "scale": scale},
-            None if bias is None else bias.to(dtype)))
+        bias = None if bias is None else bias.to(dtype)
+        if isinstance(codec, Int8Codec) and compute != "float":
+            layer: torch.nn.Module = Int8Linear(qweight, scale, bias)
+        else:
+            layer = QuantizedLinear(codec, linear.in_features, linear.out_features,
+                                    {"qweight": qweight, "scale": scale[:, None]
+                                     if isinstance(codec, Int8Codec) else scale}, bias)
+        replace_module(model, name, layer)
+        if compute in ("int8", "float"):  # one layer decoded at a time
+            to_working_weights(model, compute, dtype, only=name)
+    embedding = config.get("embedding") or {}
+    for name in embedding.get("tensors", []):
+        scale = tensors.pop(f"{name}_scale", None)
+        if name not in tensors:
+            raise QuantizeError(f"{path / WEIGHTS}: no {name}: the file does not match its "
+                                "config.json")
+        stored = {"weight": tensors.pop(name)} | ({} if scale is None else {"scale": scale})
+        tensors[name] = decode_embedding(embedding["codec"], stored, dtype)
     _, unexpected = model.load_state_dict(
         {name: tensor.to(dtype) for name, tensor in tensors.items()}, strict=False, assign=True
     )

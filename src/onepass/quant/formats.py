@@ -262,3 +262,37 @@ def codec_for(name: str, block_size: int | None = None) -> Codec:
     if name == "int4":
         return Int4Codec(block_size or 64)
     raise ValueError(f"unknown weight format {name!r}: expected fp8, fp4 (mxfp4), int8 or int4")
+
+
+# ---------------------------------------------------------------------------- embedding tables
+
+EMBEDDING_CODECS = ("bfloat16", "int8", "float32")
+
+
+def encode_embedding(codec: str, table: torch.Tensor) -> Tensors:
+    """A token embedding / output head table ``[rows, dim]`` for the file: suffix -> tensor
+    (``""`` the table itself, ``"_scale"`` the per-row scales of ``int8``).
+
+    The table is a fifth of a small model and its rows are read a few at a time (embedding
+    lookups, candidate output rows), so 16 or 8 bits per weight cost little in answers."""
+    if codec == "int8":
+        encoded = Int8Codec().encode(table)
+        return {"": encoded["qweight"], "_scale": encoded["scale"].reshape(-1)}
+    if codec in ("bfloat16", "float32"):
+        return {"": table.detach().to(getattr(torch, codec)).contiguous()}
+    raise ValueError(f"embedding codec: expected one of {', '.join(EMBEDDING_CODECS)}, got "
+                     f"{codec!r}")
+
+
+def decode_embedding(codec: str, stored: Tensors, dtype: torch.dtype,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``stored`` (``weight`` and, for int8, ``scale``) -> the table in ``dtype``; with ``rows``
+    only those rows (int8 rows are decoded in float32, then cast once)."""
+    weight = stored["weight"] if rows is None else stored["weight"][rows]
+    if codec == "int8":
+        scale = stored["scale"] if rows is None else stored["scale"][rows]
+        return (weight.float() * scale.float()[:, None]).to(dtype)
+    if codec in ("bfloat16", "float32"):
+        return weight.to(dtype)
+    raise ValueError(f"embedding codec: expected one of {', '.join(EMBEDDING_CODECS)}, got "
+                     f"{codec!r}")

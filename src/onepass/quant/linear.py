@@ -1,8 +1,11 @@
-"""A linear layer held quantized in memory and dequantized only for its own forward.
+"""Linear layers held quantized in memory.
 
-Only one layer's float weight exists at a time, so resident weight memory is what the codec
-stores (plus the layers left in high precision). Used for served FP8 / MXFP4 artifacts and for
-QLoRA's frozen base.
+* :class:`QuantizedLinear` dequantizes its weight for its own forward only: one layer's float
+  weight exists at a time, so resident weight memory is what the codec stores (the smallest, the
+  slowest: every forward re-decodes). Used for ``--compute stored`` artifacts and QLoRA's base.
+* :class:`Int8Linear` keeps per-output-channel int8 weights packed for PyTorch's dynamic int8
+  kernel (fbgemm / oneDNN: int8 dot products on VNNI units, activations quantized per call), so
+  one matmul runs in int8 with nothing decoded (faster than bfloat16 on this CPU).
 """
 
 from __future__ import annotations
@@ -56,6 +59,58 @@ class QuantizedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, format={self.codec.name}"
 
 
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with ``W = q * scale[out]`` (int8 ``q``) run by
+    ``torch.ops.quantized.linear_dynamic``: the activations are quantized per call (one scale per
+    tensor), the dot products accumulate in int32, the result comes back in ``x``'s dtype."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        if qweight.dtype != torch.int8 or qweight.dim() != 2:
+            raise ValueError(f"expected a 2-D int8 weight, got {qweight.dtype} "
+                             f"{tuple(qweight.shape)}")
+        self.out_features, self.in_features = qweight.shape
+        scale = scale.detach().reshape(-1).double()
+        quantized = torch._make_per_channel_quantized_tensor(
+            qweight.detach().contiguous(), scale,
+            torch.zeros(self.out_features, dtype=torch.long), 0)
+        # the packed copy is the only one kept: qweight is not stored twice
+        self._packed = torch.ops.quantized.linear_prepack(quantized, None)
+        self.packed_bytes = qweight.numel() + 4 * self.out_features
+        if bias is not None:
+            self.register_buffer("bias", bias.detach().clone())
+        else:
+            self.bias = None
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        """Quantize a float weight (symmetric, one scale per output channel)."""
+        from onepass.quant.formats import Int8Codec
+
+        encoded = Int8Codec().encode(weight)
+        return cls(encoded["qweight"], encoded["scale"], bias)
+
+    def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int8 weight ``[out, in]``, float32 scale ``[out]``), unpacked."""
+        quantized, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return quantized.int_repr(), quantized.q_per_channel_scales().float()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        weight, scale = self.int8_weight()
+        return (weight.float() * scale[:, None]).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float()
+        y = torch.ops.quantized.linear_dynamic(flat, self._packed, False)
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, format=int8 (dynamic)"
+
+
 def decoder_linears(model: Any) -> list[tuple[str, nn.Linear]]:
     """Every ``nn.Linear`` inside the decoder stack, by its name in ``model``.
 
@@ -83,12 +138,58 @@ def quantize_linears(model: Any, codec: Codec, progress: Any = None) -> int:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's parameters and buffers (shared storage counted once)."""
+    """Bytes held by the model's parameters and buffers (shared storage counted once), plus
+    the packed int8 weights (kernel-owned, invisible to ``parameters()``)."""
     seen: set[int] = set()
-    total = 0
+    total = sum(m.packed_bytes for m in model.modules() if isinstance(m, Int8Linear))
     for tensor in (*model.parameters(), *model.buffers()):
         key = tensor.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)
             total += tensor.untyped_storage().nbytes()
     return total
+
+
+def to_working_weights(model: Any, compute: str, dtype: torch.dtype,
+                       only: str | None = None) -> int:
+    """Decode every decoder linear ONCE into fast working weights; returns how many changed.
+
+    ``int8``: :class:`Int8Linear` (a stored layer re-quantized per output channel; a float one
+    quantized); ``float``: a plain ``nn.Linear`` in ``dtype`` (what a float model runs).
+    ``only`` limits it to the layer of that name."""
+    if compute not in ("int8", "float"):
+        raise ValueError(f"compute: expected int8 or float, got {compute!r}")
+    changed = 0
+    for name, module in working_candidates(model):
+        if only is not None and name != only:
+            continue
+        bias = module.bias
+        if compute == "int8":
+            if isinstance(module, Int8Linear):
+                continue
+            weight = (module.dequantize(torch.float32) if isinstance(module, QuantizedLinear)
+                      else module.weight.detach().float())
+            new: nn.Module = Int8Linear.from_weight(
+                weight, None if bias is None else bias.detach().float())
+        else:
+            if not isinstance(module, (QuantizedLinear, Int8Linear)):
+                continue
+            weight = module.dequantize(dtype)
+            new = nn.Linear(module.in_features, module.out_features, bias=bias is not None,
+                            dtype=dtype, device=weight.device)
+            with torch.no_grad():
+                new.weight.copy_(weight)
+                if bias is not None:
+                    new.bias.copy_(bias.to(dtype))
+            new.requires_grad_(False)
+        replace_module(model, name, new)
+        changed += 1
+    return changed
+
+
+def working_candidates(model: Any) -> list[tuple[str, nn.Module]]:
+    """The decoder's linear layers in any form: float, stored-quantized or int8."""
+    inside = {id(module) for module in model.get_decoder().modules()}
+    kinds = (nn.Linear, QuantizedLinear, Int8Linear)
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, kinds) and id(module) in inside]
