@@ -19,6 +19,7 @@ from onepass.commands import (
     merge,
     quantize,
     serve,
+    teach,
     train,
 )
 from onepass.commands import eval as evaluate
@@ -32,6 +33,7 @@ COMMANDS = {
     "train": train,
     "eval": evaluate,
     "calibrate": calibrate,
+    "teach": teach,
     "merge": merge,
     "quantize": quantize,
 }
