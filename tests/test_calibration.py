@@ -114,3 +114,27 @@ def test_calibrated_ece_is_lower_on_held_out_clinc150(engine, data_dir):
         engine.set_calibration(None)
     q = record.request.questions[0]
     assert list(served.values()) == pytest.approx(cal.apply(q, [raw[o] for o in q.options]))
+
+
+def test_abstained_answers_are_marked_and_the_official_client_tolerates_them(engine):
+    ts = pytest.importorskip("typesafe_sdk")
+    httpx2 = pytest.importorskip("httpx2")  # the SDK's own HTTP client
+
+    request = {"state": "my card was declined at the shop", "questions": {
+        "kind": {"type": "choice", "instructions": "What is it about?",
+                 "criteria": {"cards": None, "loans": None, "travel": None}},
+        "urgent": {"type": "noul", "instructions": "It is urgent."},
+        "level": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "angry"]}}}
+    assert all("abstained" not in a for a in engine.answer(request)["answers"].values())
+    engine.set_abstain_below(0.999)
+    try:
+        body = engine.answer(request)
+    finally:
+        engine.set_abstain_below(None)
+    assert {a["abstained"] for a in body["answers"].values()} == {True}
+    response = ts.SystemOneResponse._decode(httpx2.Response(
+        200, json=body, headers={"x-typesafe-request-id": "req_" + "0" * 32}))
+    assert response.answers["kind"].choice == body["answers"]["kind"]["choice"]
+    assert response.answers["urgent"].noul == body["answers"]["urgent"]["noul"]
+    with pytest.raises(ValueError):
+        engine.set_abstain_below(1.5)

@@ -354,9 +354,18 @@ class Usage(BaseModel):
     cached_tokens: int = 0
 
 
+ABSTAINED = Field(
+    default=None,
+    description="onepass extension, only when the server runs with --abstain-below: true when "
+    "the answer's top probability is under the threshold (route it to a person); clients that "
+    "do not know the field ignore it",
+)
+
+
 class NoulAnswer(BaseModel):
     type: Literal["noul"] = "noul"
     noul: float
+    abstained: bool | None = ABSTAINED
 
 
 class ChoiceAnswer(BaseModel):
@@ -364,6 +373,7 @@ class ChoiceAnswer(BaseModel):
     choice: str
     probabilities: dict[str, float]
     confidence: float
+    abstained: bool | None = ABSTAINED
 
 
 class ScoreAnswer(BaseModel):
@@ -372,6 +382,7 @@ class ScoreAnswer(BaseModel):
     legend: dict[str, Content]
     probabilities: dict[str, float]
     confidence: float
+    abstained: bool | None = ABSTAINED
 
 
 class SystemOneResponseModel(BaseModel):
