@@ -103,7 +103,9 @@ class LlamaCppBackend:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         lc = _llama_cpp()
         from llama_cpp import _internals
+        from llama_cpp._logger import set_verbose
 
+        set_verbose(False)  # llama.cpp logs every graph node at debug level: costly and noisy
         self._lc = lc
         self.path = Path(path)
         self.name = name or self.path.stem
