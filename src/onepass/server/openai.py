@@ -27,7 +27,10 @@ never ignored; fields that change nothing here (``user``, ``metadata``, ...) are
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -76,6 +79,9 @@ RESPONSES_FIELDS = frozenset({
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "store",
     "previous_response_id", "text", *TOOL_FIELDS, *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
+EMBEDDING_FIELDS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
+MAX_EMBEDDING_INPUTS = 128
+ENCODING_FORMATS = ("float", "base64")
 # keys of the Responses ``text`` object (verbosity is accepted only at its default)
 TEXT_KEYS = ("format", "verbosity")
 # stream_options keys (include_obfuscation is accepted and has no effect here)
@@ -829,3 +835,61 @@ def error_event(message: str, kind: str, status: int) -> dict[str, Any]:
     """The frame that reports a failure after an event stream has started (its status
     line, 200, is already sent): the SDK raises it as an APIError."""
     return {"error": {"message": message, "type": kind, "code": status}}
+
+
+# --------------------------------------------------------------------------- embeddings
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """A validated /v1/embeddings body: texts (or token-id arrays), in order."""
+
+    model: str | None
+    inputs: list[str | list[int]]
+    dimensions: int | None
+    encoding_format: str
+
+
+def parse_embeddings(body: Any) -> EmbeddingRequest:
+    body = _check_fields(body, EMBEDDING_FIELDS, "POST /v1/embeddings")
+    raw = body.get("input")
+    inputs: list[Any] = [raw] if isinstance(raw, str) else raw
+    if isinstance(raw, list) and raw and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        inputs = [raw]  # one input given as token ids
+    if not isinstance(inputs, list) or not inputs:
+        raise ContractError("input", "expected a non-empty string or an array of strings, got "
+                            f"{_describe(raw)}")
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise ContractError("input", f"{len(inputs)} inputs is over the limit of "
+                            f"{MAX_EMBEDDING_INPUTS}; send several requests")
+    for i, item in enumerate(inputs):
+        ok = (isinstance(item, str) and item) or (isinstance(item, list) and item and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item))
+        if not ok:
+            raise ContractError(f"input[{i}]", "expected a non-empty string or token ids, got "
+                                f"{_describe(item)}")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ENCODING_FORMATS:
+        raise ContractError("encoding_format", f"expected float or base64, got {_describe(fmt)}")
+    return EmbeddingRequest(_model(body), list(inputs), _int(body, "dimensions", 1, None), fmt)
+
+
+def embedding_vector(vector: Sequence[float], dimensions: int | None, fmt: str) -> Any:
+    """Truncated to ``dimensions`` (when given), then L2-normalised; base64 is the raw
+    little-endian float32 bytes, as OpenAI sends them."""
+    cut = list(vector[:dimensions] if dimensions else vector)
+    norm = math.sqrt(sum(x * x for x in cut)) or 1.0
+    cut = [x / norm for x in cut]
+    if fmt == "base64":
+        return base64.b64encode(struct.pack(f"<{len(cut)}f", *cut)).decode("ascii")
+    return cut
+
+
+def embeddings_response(model: str, vectors: Sequence[Sequence[float]], req: EmbeddingRequest,
+                        prompt_tokens: int) -> dict[str, Any]:
+    return {"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i,
+                      "embedding": embedding_vector(v, req.dimensions, req.encoding_format)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}

@@ -396,7 +396,31 @@ ResponseRequestModel = _request_model(
     {"input": "Say hello in three words.", "max_output_tokens": 16, "temperature": 0},
 )
 
+EmbeddingRequestModel = _request_model(
+    "EmbeddingRequestModel",
+    "POST /v1/embeddings body (validation: openai.parse_embeddings).",
+    W.EMBEDDING_FIELDS,
+    {
+        "model": _model_field(),
+        "input": (Annotated[str, StringConstraints(min_length=1)]
+                  | Annotated[list[Annotated[str, StringConstraints(min_length=1)]],
+                              Field(min_length=1, max_length=W.MAX_EMBEDDING_INPUTS)]
+                  | Annotated[list[int], Field(min_length=1)]
+                  | Annotated[list[list[int]], Field(min_length=1,
+                                                     max_length=W.MAX_EMBEDDING_INPUTS)],
+                  Field(description="A string, up to 128 strings, or token ids; an input over "
+                        "the input-token limit is a 400 (never truncated)")),
+        "dimensions": (int | None, Field(default=None, ge=1, description="Keep the first "
+                                         "dimensions, then L2-normalise")),
+        "encoding_format": (Literal["float", "base64"] | None, Field(
+            default="float", description="base64: little-endian float32 bytes")),
+        "user": (Any, Field(default=None, description="Accepted and ignored")),
+    },
+    {"input": ["The cat sat on the mat.", "A cat was sitting on the rug."]},
+)
+
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/embeddings": EmbeddingRequestModel,
     "/v1/chat/completions": ChatCompletionRequestModel,
     "/v1/completions": CompletionRequestModel,
     "/v1/responses": ResponseRequestModel,
@@ -604,6 +628,30 @@ class ResponseInputItemsModel(BaseModel):
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+
+class EmbeddingItem(BaseModel):
+    model_config = _FORBID
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="L2-normalised; a base64 string with "
+                                         "encoding_format base64")
+
+
+class EmbeddingUsage(BaseModel):
+    model_config = _FORBID
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponseModel(BaseModel):
+    """The embeddings of the inputs, in their order."""
+
+    model_config = _FORBID
+    object: Literal["list"]
+    model: str
+    data: list[EmbeddingItem]
+    usage: EmbeddingUsage
 
 
 class OpenAIErrorBody(BaseModel):

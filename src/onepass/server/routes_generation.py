@@ -701,6 +701,39 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
         return EventStream(events(), running)
 
+    # ------------------------------------------------------------------ embeddings
+
+    @app.post("/v1/embeddings", dependencies=auth, tags=_TAGS,
+              responses=_ok(S.EmbeddingResponseModel),
+              openapi_extra=_body_spec("EmbeddingRequestModel"),
+              summary="OpenAI Embeddings: the served model's mean-pooled final hidden states "
+              "(a decoder, not a trained sentence encoder)")
+    @_openai_errors
+    async def embeddings(request: Request) -> Response:
+        raw = await read_json(request, settings)
+        req = W.parse_embeddings(raw)
+        engine, model = resolve(req.model)
+        backend = engine.backend
+        if not hasattr(backend, "embed"):
+            raise ContractError("model", f"model {model!r} has no embedding support")
+        width = getattr(getattr(backend, "config", None), "hidden_size", None)
+        if req.dimensions is not None and width is not None and req.dimensions > width:
+            raise ContractError("dimensions", f"expected at most {width} (the model's hidden "
+                                f"size), got {req.dimensions}")
+        limit = min(engine.generator.max_input_tokens, backend.context_length)
+        encoded = []
+        for i, item in enumerate(req.inputs):
+            ids = (engine.generator.text_prompt(item, f"input[{i}]") if isinstance(item, list)
+                   else await asyncio.to_thread(backend.encode, item))
+            if len(ids) > limit:
+                raise ContractError(f"input[{i}]", f"{len(ids)} tokens, over the limit of "
+                                    f"{limit}; nothing is truncated")
+            encoded.append(ids)
+        vectors = await rt.run(request, lambda: [backend.embed(ids) for ids in encoded], engine)
+        tokens = sum(len(ids) for ids in encoded)
+        log_fields(request).update(model=model, input_tokens=tokens)
+        return StrictJSONResponse(W.embeddings_response(model, vectors, req, tokens))
+
     # ------------------------------------------------------------------ stored responses
 
     def stored(rid: str) -> Stored:
