@@ -351,7 +351,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     def start(gen: Any, prompt: list[int], params: Any, limit: int, n: int = 1,
               grammar: Any = None) -> Running:
         try:
-            return Running(gen.start(prompt, params, limit, n, grammar), rt.metrics)
+            return Running(gen.start(prompt, params, limit, n, grammar=grammar), rt.metrics)
         except Saturated as exc:
             rt.metrics.shed.labels("queue_full").inc()
             raise ApiError.of("overloaded", str(exc), headers=retry_headers(1.0)) from None
