@@ -1,13 +1,19 @@
 """The fast path (shared prefix, packed suffixes, prefix cache, candidate rows only) must read
-the same numbers as a naive full forward of each whole prompt, on the real embedded model."""
+the same numbers as a naive full forward of each whole prompt, on the real embedded model.
+
+The session ``engine`` runs in the dtype ``auto`` picks on this machine; tests/test_engine_dtype.py
+runs the same tests in the other one. Tolerances are per dtype: float32 reads the naive numbers
+to 1e-4; bfloat16 (8-bit mantissa) packs tokens differently from a full forward, so rounding
+differs: measured up to 0.012 on these requests (the bound leaves 2x)."""
 
 import json
 
 import pytest
+import torch
 
 from onepass.contract import ContractError
 
-TOL = 1e-4  # on probabilities
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.025}  # on probabilities
 
 STATE = (
     "Order #7710 arrived with a smashed box and a cracked vase inside. Delivery was 3 days ago "
@@ -47,19 +53,23 @@ def distribution(answer):
     return list(answer["probabilities"].values())
 
 
-def assert_same(fast, naive):
+def tolerance(engine) -> float:
+    return TOLERANCE[engine.backend.model.dtype]
+
+
+def assert_same(fast, naive, tol: float = TOLERANCE[torch.float32]):
     assert fast.keys() == naive.keys()
     for name in fast:
         a, b = distribution(fast[name]), distribution(naive[name])
         assert len(a) == len(b)
-        assert max(abs(x - y) for x, y in zip(a, b)) < TOL, name
+        assert max(abs(x - y) for x, y in zip(a, b)) < tol, name
 
 
 def test_mixed_request_matches_naive_full_forward(engine):
     engine.backend.cache.clear()
     fast = engine.answer(MIXED)
     naive = engine.answer(MIXED, naive=True)
-    assert_same(fast["answers"], naive["answers"])
+    assert_same(fast["answers"], naive["answers"], tolerance(engine))
     assert fast["model"] == engine.served_name
 
 
@@ -70,8 +80,8 @@ def test_cache_hit_reuses_the_prefix_and_reads_the_same_numbers(engine):
     hit = engine.answer(MIXED)
     assert engine.backend.cache_stats().hits == before + 1
     assert hit["usage"]["cached_tokens"] > miss["usage"]["cached_tokens"]
-    assert_same(hit["answers"], miss["answers"])
-    assert_same(hit["answers"], engine.answer(MIXED, naive=True)["answers"])
+    assert_same(hit["answers"], miss["answers"], tolerance(engine))
+    assert_same(hit["answers"], engine.answer(MIXED, naive=True)["answers"], tolerance(engine))
 
 
 def test_question_alone_equals_question_among_sixteen(engine):
@@ -81,13 +91,13 @@ def test_question_alone_equals_question_among_sixteen(engine):
              "criteria": {"billing": None, "logistics": None, "product_support": None}}
     request = {"state": STATE, "questions": {"probe": probe}}
     naive = engine.answer(request, naive=True)["answers"]
-    assert_same(engine.answer(request)["answers"], naive)
+    assert_same(engine.answer(request)["answers"], naive, tolerance(engine))
     crowd = {f"q{i}": {"type": "noul", "instructions": f"Statement number {i} " + "x" * i}
              for i in range(15)}
     crowd["probe"] = probe
     among = engine.answer({"state": STATE, "questions": crowd})
     assert among["usage"]["output_tokens"] == 16
-    assert_same({"probe": among["answers"]["probe"]}, naive)
+    assert_same({"probe": among["answers"]["probe"]}, naive, tolerance(engine))
 
 
 def test_response_shape_and_types(engine):
@@ -113,7 +123,8 @@ def test_json_state_and_temperature(engine):
     base = engine.answer(req)["answers"]["d"]["noul"]
     hot = engine.answer({**req, "temperature": 5.0})["answers"]["d"]["noul"]
     assert abs(hot - 0.5) < abs(base - 0.5)  # a higher temperature flattens toward 0.5
-    assert_same(engine.answer(req)["answers"], engine.answer(req, naive=True)["answers"])
+    assert_same(engine.answer(req)["answers"], engine.answer(req, naive=True)["answers"],
+                tolerance(engine))
 
 
 def test_trivial_questions_do_not_run_the_model(engine):
@@ -133,7 +144,7 @@ def test_large_choice_beyond_26_options_matches_naive(engine):
         "type": "choice", "instructions": "Which intent?", "criteria": criteria}}}
     fast = engine.answer(req)["answers"]["c"]
     assert len(fast["probabilities"]) == 40
-    assert_same({"c": fast}, engine.answer(req, naive=True)["answers"])
+    assert_same({"c": fast}, engine.answer(req, naive=True)["answers"], tolerance(engine))
 
 
 def test_unknown_model_and_token_limit_are_client_errors(engine):
@@ -233,7 +244,7 @@ def test_concurrent_requests_from_threads_give_the_same_answers(engine):
     with ThreadPoolExecutor(4) as pool:
         parallel = list(pool.map(lambda r: engine.answer(r)["answers"], requests * 2))
     for got, want in zip(parallel, serial * 2):
-        assert_same(got, want)
+        assert_same(got, want, tolerance(engine))
 
 
 def test_packing_groups_bound_each_forward():
@@ -251,7 +262,7 @@ def test_split_packing_reads_the_same_numbers(engine):
         split = engine.answer(MIXED)
     finally:
         engine.backend.max_packed_tokens = budget
-    assert_same(split["answers"], engine.answer(MIXED)["answers"])
+    assert_same(split["answers"], engine.answer(MIXED)["answers"], tolerance(engine))
 
 
 @pytest.mark.parametrize("budget,pairs", [(4096, 1 << 40), (64, 1 << 40), (4096, 0)])
@@ -272,5 +283,5 @@ def test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix(engine,
         engine.backend.max_packed_tokens, engine.backend.merge_pairs = saved
     assert after.misses + after.partial_hits == before.misses + before.partial_hits + 1
     assert miss["usage"]["cached_tokens"] < hit["usage"]["cached_tokens"]
-    assert_same(miss["answers"], engine.answer(request, naive=True)["answers"])
-    assert_same(hit["answers"], miss["answers"])
+    assert_same(miss["answers"], engine.answer(request, naive=True)["answers"], tolerance(engine))
+    assert_same(hit["answers"], miss["answers"], tolerance(engine))

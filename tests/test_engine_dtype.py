@@ -1,0 +1,105 @@
+"""bfloat16 and float32 compute on the real embedded model.
+
+* ``--dtype auto`` picks bfloat16 on a CPU that reports native bfloat16 units, float32 elsewhere.
+* The fast path reads the naive numbers in the dtype the session ``engine`` does NOT run in
+  (tests/test_engine.py covers the other): its fast-equals-naive tests are imported here and run
+  against ``engine`` overridden by this module, with tests/test_engine.py's per-dtype tolerance.
+* bfloat16 answers the 100 probe requests like float32 (thresholds from measurement).
+* Generation in bfloat16: greedy decoding through the KV arena (which takes the model's dtype)
+  equals greedy full recomputation in bfloat16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import (  # noqa: F401  (collected here, run against this module's engine)
+    test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix,
+    test_cache_hit_reuses_the_prefix_and_reads_the_same_numbers,
+    test_json_state_and_temperature,
+    test_large_choice_beyond_26_options_matches_naive,
+    test_mixed_request_matches_naive_full_forward,
+    test_question_alone_equals_question_among_sixteen,
+    test_split_packing_reads_the_same_numbers,
+)
+from test_generate_engine import (  # noqa: F401
+    recomputed,
+    test_greedy_through_the_kv_arena_equals_full_recomputation_for_64_tokens,
+)
+from train_support import ROOT
+
+from onepass.backends import torch as backend_module
+from onepass.backends.torch import pick_dtype
+from onepass.datasets import probe_requests
+from onepass.engine import DecisionEngine
+from onepass.evaluate import compare_answers
+
+# Measured (this machine, 100 probe requests, bfloat16 vs float32): agreement 0.98, mean TV
+# 0.011, max TV 0.026. The bounds leave room for another CPU's bfloat16 kernels.
+BF16_MIN_AGREEMENT = 0.95
+BF16_MAX_MEAN_TV = 0.025
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The embedded model in the dtype the session engine does not use (bfloat16 here)."""
+    auto = pick_dtype("auto", torch.device("cpu"))
+    other = "float32" if auto == torch.bfloat16 else "bfloat16"
+    return DecisionEngine.from_pretrained(device="cpu", dtype=other)
+
+
+def test_auto_is_bfloat16_only_where_the_cpu_has_native_bfloat16(monkeypatch):
+    cpu = torch.device("cpu")
+    for flags, want in (({"avx512_bf16": True}, torch.bfloat16),
+                        ({"amx_bf16": True, "avx512_bf16": False}, torch.bfloat16),
+                        ({"avx512_bf16": False, "avx2": True}, torch.float32), ({}, torch.float32)):
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda flags=flags: dict(flags))
+        assert pick_dtype("auto", cpu) == want, flags
+    assert pick_dtype("float32", cpu) == torch.float32  # a named dtype is never overridden
+    assert pick_dtype("bfloat16", cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype: expected auto"):
+        pick_dtype("int8", cpu)
+
+
+def test_the_flags_are_read_from_proc_cpuinfo_without_torch_capabilities(monkeypatch, tmp_path):
+    monkeypatch.delattr(torch.cpu, "get_capabilities")
+    cpuinfo = tmp_path / "cpuinfo"
+    real = backend_module.Path
+
+    def fake_path(name, *rest):
+        return cpuinfo if str(name) == "/proc/cpuinfo" else real(name, *rest)
+
+    monkeypatch.setattr(backend_module, "Path", fake_path)
+    cpuinfo.write_text("flags\t\t: fpu sse avx512f avx512_bf16 avx512_vnni\n")
+    assert backend_module.cpu_has_bf16()
+    cpuinfo.write_text("flags\t\t: fpu sse avx2 avx512f\n")
+    assert not backend_module.cpu_has_bf16()
+
+
+def test_the_candidate_readout_stays_float32(engine):
+    backend = engine.backend
+    hidden = torch.randn(2, backend.config.hidden_size).to(backend.model.dtype)
+    rows = [[1, 2, 3], [4, 5]]
+    got = backend.candidate_logits(hidden, rows)
+    weight = backend.lm_head.weight.float()
+    for h, ids, logits in zip(hidden, rows, got):
+        want = (weight[ids] @ h.float()).tolist()
+        assert logits == pytest.approx(want, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_bfloat16_answers_the_probe_requests_like_float32(engine, data_dir):
+    requests = probe_requests(data_dir, ROOT / "benchmarks" / "data" / "handwritten.jsonl")
+    assert len(requests) == 100
+    by_dtype = {engine.backend.model.dtype: engine}
+    other = "float32" if engine.backend.model.dtype == torch.bfloat16 else "bfloat16"
+    by_dtype[getattr(torch, other)] = DecisionEngine.from_pretrained(device="cpu", dtype=other)
+    reference = [by_dtype[torch.float32].answer(r) for r in requests]
+    answers = [by_dtype[torch.bfloat16].answer(r) for r in requests]
+    result = compare_answers(reference, answers)
+    print(f"\nbfloat16 vs float32: agreement {result['agreement']:.2f} (>= {BF16_MIN_AGREEMENT}), "
+          f"mean TV {result['mean_tv']:.3f} (<= {BF16_MAX_MEAN_TV}), max TV "
+          f"{result['max_tv']:.3f}")
+    assert result["questions"] == 100
+    assert result["agreement"] >= BF16_MIN_AGREEMENT
+    assert result["mean_tv"] <= BF16_MAX_MEAN_TV
