@@ -24,6 +24,7 @@ from typing import Any
 from onepass.commands.common import (
     add_model_arguments,
     apply_quality,
+    backend_options,
     env_argument,
     non_negative_int,
     positive_int,
@@ -177,7 +178,7 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
         adapter=spec.adapter, session_cache_entries=args.session_cache_entries,
         session_cache_tokens=args.session_cache_tokens,
         max_input_tokens=spec.max_input_tokens, temperature=args.temperature,
-        served_name=spec.served_model,
+        served_name=spec.served_model, **backend_options(args),
     )
     apply_quality(engine, args)
     engine.max_concurrency = spec.max_concurrency

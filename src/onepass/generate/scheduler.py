@@ -15,10 +15,12 @@ ending with one :class:`Finish`.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -36,6 +38,17 @@ log = logging.getLogger("onepass.generate")
 DEFAULT_MAX_SEQUENCES = 8
 DEFAULT_STEP_TOKENS = 512
 DEFAULT_ARENA_ROWS = 65536
+
+
+_LIVE: weakref.WeakSet[GenerationScheduler] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Stop every step thread before interpreter teardown (a forward running on a daemon
+    thread while the runtime unloads aborts the process)."""
+    for scheduler in list(_LIVE):
+        scheduler.close(timeout=5.0)
 
 
 class Saturated(Exception):
@@ -220,6 +233,7 @@ class GenerationScheduler:
         self._owners = itertools.count()
         self._thread: threading.Thread | None = None
         self.steps = 0
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------ public
 
@@ -312,11 +326,15 @@ class GenerationScheduler:
             self._thread = threading.Thread(target=self._loop, name="onepass-steps", daemon=True)
             self._thread.start()
 
-    def close(self) -> None:
-        """Finish every waiting and running sequence as cancelled and stop the thread."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish every waiting and running sequence as cancelled and stop the thread (waits
+        for the step in flight, so no forward runs while the interpreter tears down)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     # ------------------------------------------------------------------ the loop
 

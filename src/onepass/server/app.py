@@ -370,6 +370,10 @@ def create_app(
         if rt.draining:
             return StrictJSONResponse({"status": "draining"}, status_code=503)
         if rt.engine is not None:
+            down = await asyncio.to_thread(_unhealthy_engines, rt.engines)  # HTTP: off the loop
+            if down:  # a remote engine behind a model is down: not ready for traffic
+                return StrictJSONResponse({"status": "engine_unavailable", "engines": down},
+                                          status_code=503, headers=retry_headers(2.0))
             return StrictJSONResponse({
                 "status": "ok", "startup_seconds": rt.startup_seconds,
                 "model": rt.engine.served_name,
@@ -416,6 +420,18 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _unhealthy_engines(engines: dict[str, Any]) -> dict[str, str]:
+    """Served name -> why, for each model whose backend reports an unhealthy remote engine."""
+    down = {}
+    for name, engine in engines.items():
+        health = getattr(getattr(engine, "backend", None), "health", None)
+        if health is not None:
+            ok, detail = health()
+            if not ok:
+                down[name] = detail
+    return down
 
 
 def _check_finite(value: Any) -> None:

@@ -42,6 +42,10 @@ STATUS_BY_KIND: dict[str, int] = {
     "model_loading": 503,
     "shutting_down": 503,
     "internal_error": 500,
+    "invalid_model_output": 502,  # a completed tool call that is malformed: never passed on
+    "engine_error": 502,  # a remote engine answered with an error or an unreadable body
+    "engine_unavailable": 503,  # a remote engine cannot be reached (with retry-after)
+    "engine_timeout": 504,  # a remote engine did not answer in time
 }
 
 
