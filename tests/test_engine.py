@@ -1,10 +1,10 @@
 """The fast path (shared prefix, packed suffixes, prefix cache, candidate rows only) must read
 the same numbers as a naive full forward of each whole prompt, on the real embedded model.
 
-The session ``engine`` runs in the dtype ``auto`` picks on this machine; tests/test_engine_dtype.py
-runs the same tests in the other one. Tolerances are per dtype: float32 reads the naive numbers
-to 1e-4; bfloat16 (8-bit mantissa) packs tokens differently from a full forward, so rounding
-differs: measured up to 0.012 on these requests (the bound leaves 2x)."""
+The session ``engine`` is float32 (see conftest); tests/test_engine_dtype.py runs the same tests
+in bfloat16. Tolerances are per dtype: float32 reads the naive numbers to 1e-4; in bfloat16
+(8-bit mantissa) the packed forward rounds differently from a full forward: measured up to 0.012
+on these requests (the bound leaves 2x)."""
 
 import json
 

@@ -1,12 +1,15 @@
 """bfloat16 and float32 compute on the real embedded model.
 
 * ``--dtype auto`` picks bfloat16 on a CPU that reports native bfloat16 units, float32 elsewhere.
-* The fast path reads the naive numbers in the dtype the session ``engine`` does NOT run in
-  (tests/test_engine.py covers the other): its fast-equals-naive tests are imported here and run
-  against ``engine`` overridden by this module, with tests/test_engine.py's per-dtype tolerance.
+* The fast path reads the naive numbers in bfloat16 (tests/test_engine.py covers float32, the
+  suite's dtype): its fast-equals-naive tests are imported here and run against ``engine``
+  overridden by this module, with tests/test_engine.py's per-dtype tolerance.
 * bfloat16 answers the 100 probe requests like float32 (thresholds from measurement).
-* Generation in bfloat16: greedy decoding through the KV arena (which takes the model's dtype)
-  equals greedy full recomputation in bfloat16.
+* Generation in bfloat16: on a cold prefix cache, greedy decoding through the KV arena (which
+  takes the model's dtype) equals greedy full recomputation in bfloat16 for 64 tokens. Not
+  bit-for-bit in every state: a prompt whose first part comes from the prefix cache (computed
+  in another forward) rounds differently, and at a near-tie greedy can take the other token
+  (seen after the decision tests had cached the chat system prefix); float32 holds there.
 """
 
 from __future__ import annotations
@@ -22,10 +25,7 @@ from test_engine import (  # noqa: F401  (collected here, run against this modul
     test_question_alone_equals_question_among_sixteen,
     test_split_packing_reads_the_same_numbers,
 )
-from test_generate_engine import (  # noqa: F401
-    recomputed,
-    test_greedy_through_the_kv_arena_equals_full_recomputation_for_64_tokens,
-)
+from test_generate_engine import chat_ids, greedy_by_recomputation
 from train_support import ROOT
 
 from onepass.backends import torch as backend_module
@@ -42,10 +42,8 @@ BF16_MAX_MEAN_TV = 0.025
 
 @pytest.fixture(scope="module")
 def engine():
-    """The embedded model in the dtype the session engine does not use (bfloat16 here)."""
-    auto = pick_dtype("auto", torch.device("cpu"))
-    other = "float32" if auto == torch.bfloat16 else "bfloat16"
-    return DecisionEngine.from_pretrained(device="cpu", dtype=other)
+    """The embedded model in bfloat16 (the session engine runs in float32: see conftest)."""
+    return DecisionEngine.from_pretrained(device="cpu", dtype="bfloat16")
 
 
 def test_auto_is_bfloat16_only_where_the_cpu_has_native_bfloat16(monkeypatch):
@@ -91,11 +89,9 @@ def test_the_candidate_readout_stays_float32(engine):
 def test_bfloat16_answers_the_probe_requests_like_float32(engine, data_dir):
     requests = probe_requests(data_dir, ROOT / "benchmarks" / "data" / "handwritten.jsonl")
     assert len(requests) == 100
-    by_dtype = {engine.backend.model.dtype: engine}
-    other = "float32" if engine.backend.model.dtype == torch.bfloat16 else "bfloat16"
-    by_dtype[getattr(torch, other)] = DecisionEngine.from_pretrained(device="cpu", dtype=other)
-    reference = [by_dtype[torch.float32].answer(r) for r in requests]
-    answers = [by_dtype[torch.bfloat16].answer(r) for r in requests]
+    float_engine = DecisionEngine.from_pretrained(device="cpu", dtype="float32")
+    reference = [float_engine.answer(r) for r in requests]
+    answers = [engine.answer(r) for r in requests]
     result = compare_answers(reference, answers)
     print(f"\nbfloat16 vs float32: agreement {result['agreement']:.2f} (>= {BF16_MIN_AGREEMENT}), "
           f"mean TV {result['mean_tv']:.3f} (<= {BF16_MAX_MEAN_TV}), max TV "
@@ -103,3 +99,15 @@ def test_bfloat16_answers_the_probe_requests_like_float32(engine, data_dir):
     assert result["questions"] == 100
     assert result["agreement"] >= BF16_MIN_AGREEMENT
     assert result["mean_tv"] <= BF16_MAX_MEAN_TV
+
+
+def test_bfloat16_generation_on_a_cold_cache_equals_recomputation(engine):
+    from onepass.generate.sampling import SamplingParams
+
+    assert engine.backend.model.dtype == torch.bfloat16  # the arena takes the model's dtype
+    engine.backend.cache.clear()
+    prompt = chat_ids(engine, "Write a long essay about rivers.")
+    reference = greedy_by_recomputation(engine.backend, prompt, 64)
+    assert len(reference) == 64
+    (g,) = engine.generator.run(prompt, SamplingParams(temperature=0.0), 64)
+    assert [t.id for t in g.tokens] == reference
