@@ -137,3 +137,67 @@ def test_all_zero_and_non_finite_weights():
         codec_for("fp4", 16)
     with pytest.raises(ValueError, match="unknown weight format"):
         codec_for("fp6")
+
+
+def test_int8_exact_round_trip_on_crafted_weights():
+    """Rows that are integers times a per-row scale (absmax 127 x scale) decode exactly."""
+    from onepass.quant.formats import Int8Codec
+
+    torch.manual_seed(1)
+    codes = torch.randint(-127, 128, (6, 40)).float()
+    codes[:, 0] = 127  # each row's absmax hits the top code exactly
+    scale = torch.tensor([2.0 ** -k for k in range(6)])[:, None]
+    weight = codes * scale
+    encoded = Int8Codec().encode(weight)
+    assert encoded["qweight"].dtype == torch.int8
+    assert torch.equal(encoded["qweight"].float(), codes)
+    assert torch.equal(Int8Codec().decode(encoded, 40, torch.float32), weight)
+
+
+@pytest.mark.parametrize("codec", ["bfloat16", "int8", "float32"])
+def test_embedding_codec_exact_round_trip_and_row_decoding(codec):
+    from onepass.quant.formats import decode_embedding, encode_embedding
+
+    torch.manual_seed(2)
+    rows = 50
+    codes = torch.randint(-127, 128, (rows, 24)).float()
+    codes[:, 3] = -127
+    # int8-exact rows whose values (<= 8 significant bits) bfloat16 also holds exactly
+    table = codes * torch.exp2(-torch.arange(rows) % 9).float()[:, None]
+    stored = encode_embedding(codec, table)
+    dtype = {"bfloat16": torch.bfloat16, "int8": torch.int8, "float32": torch.float32}[codec]
+    assert stored[""].dtype == dtype and stored[""].shape == table.shape
+    assert ("_scale" in stored) == (codec == "int8")
+    named = {"weight": stored[""]} | ({"scale": stored["_scale"]} if "_scale" in stored else {})
+    assert torch.equal(decode_embedding(codec, named, torch.float32), table)
+    picked = torch.tensor([7, 0, 49, 7])
+    assert torch.equal(decode_embedding(codec, named, torch.float32, rows=picked), table[picked])
+    bytes_per_weight = {"bfloat16": 2, "int8": 1, "float32": 4}[codec]
+    stored_bytes = sum(t.numel() * t.element_size() for t in stored.values())
+    assert stored_bytes == rows * 24 * bytes_per_weight + (4 * rows if codec == "int8" else 0)
+    with pytest.raises(ValueError, match="embedding codec"):
+        encode_embedding("fp4", table)
+
+
+def test_int8_linear_runs_the_int8_kernel_close_to_the_float_matmul():
+    """Int8Linear: weights exactly the int8 codec's, output within activation-quantization
+    error of x @ W^T, in the input's dtype; weight bytes are the int8 ones."""
+    from onepass.quant.formats import Int8Codec
+    from onepass.quant.linear import Int8Linear, weight_bytes
+
+    torch.manual_seed(3)
+    weight, bias = torch.randn(96, 64) * 0.05, torch.randn(96)
+    layer = Int8Linear.from_weight(weight, bias)
+    q, scale = layer.int8_weight()
+    encoded = Int8Codec().encode(weight)
+    assert torch.equal(q, encoded["qweight"])
+    assert torch.allclose(scale, encoded["scale"].reshape(-1))
+    x = torch.randn(3, 5, 64)
+    want = x @ layer.dequantize().T + bias
+    for dtype, tol in ((torch.float32, 0.02), (torch.bfloat16, 0.03)):
+        got = layer(x.to(dtype))
+        assert got.dtype == dtype and got.shape == (3, 5, 96)
+        assert (got.float() - want).abs().max() / want.abs().max() < tol
+    assert weight_bytes(layer) == 96 * 64 + 4 * 96 + 4 * 96  # int8 + scales + float32 bias
+    with pytest.raises(ValueError, match="2-D int8 weight"):
+        Int8Linear(weight, scale)

@@ -244,3 +244,97 @@ def test_quantized_lora_adapter_serves_like_the_adapter_unquantized(clinc_lora, 
         assert result["agreement"] >= min_agreement and result["mean_tv"] <= max_tv
         log = (tmp_path / f"{scheme}.log").read_text()
         assert f'"quantization": "{scheme}"' in log and '"weight_bytes"' in log
+
+
+# --------------------------------------------------------------------------- working weights
+
+
+def test_compute_modes_decode_once_into_working_weights(tokenizer, tmp_path):
+    """One fp8 artifact, four loads: stored (decode every forward), float32 (decoded once:
+    the same numbers), int8 (the int8 kernel: close) and bfloat16 (the model's dtype too)."""
+    from torch import nn
+
+    from onepass.quant.linear import Int8Linear
+
+    model = tiny_model("llama", len(tokenizer))
+    write_quantized(model, tokenizer, tmp_path, "fp8", embedding="float32", compute="stored")
+    loaded = {c: TorchBackend.load(tmp_path, name="x", device="cpu", dtype="float32", compute=c)
+              for c in ("stored", "float32", "int8", "bfloat16")}
+    recorded = TorchBackend.load(tmp_path, name="x", device="cpu", dtype="float32")
+    kinds = {c: {type(m) for _, m in decoder_linears_any(b.model)} for c, b in loaded.items()}
+    assert kinds == {"stored": {QuantizedLinear}, "float32": {nn.Linear},
+                     "int8": {Int8Linear}, "bfloat16": {nn.Linear}}
+    assert {c: b.compute for c, b in loaded.items()} == {
+        "stored": "stored", "float32": "float32", "int8": "int8", "bfloat16": "bfloat16"}
+    assert recorded.compute == "stored"  # the artifact's recorded choice
+    assert loaded["bfloat16"].model.dtype == torch.bfloat16
+    assert loaded["stored"].merge_pairs == 4 * loaded["int8"].merge_pairs  # decode per pass
+    answers = {c: [p for name in REQUEST["questions"]
+                   for p in probs(DecisionEngine(b).answer(REQUEST)["answers"][name])]
+               for c, b in loaded.items()}
+    assert answers["float32"] == pytest.approx(answers["stored"], abs=1e-5)
+    assert answers["int8"] == pytest.approx(answers["stored"], abs=0.01)
+    assert answers["bfloat16"] == pytest.approx(answers["stored"], abs=0.01)
+    assert answers["int8"] != answers["stored"]  # the int8 kernel really ran
+    with pytest.raises(QuantizeError, match="compute: expected"):
+        TorchBackend.load(tmp_path, name="x", device="cpu", compute="fp6")
+
+
+def decoder_linears_any(model):
+    from onepass.quant.linear import working_candidates
+
+    return working_candidates(model)
+
+
+def test_int8_scheme_layout_and_sizes_the_config_states(tokenizer, tmp_path):
+    from safetensors import safe_open
+
+    from onepass.quant.linear import Int8Linear
+
+    model = tiny_model("qwen2", len(tokenizer))
+    config = write_quantized(model, tokenizer, tmp_path, "int8", embedding="float32",
+                             compute="stored")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        weight, scale = f.get_tensor(name), f.get_tensor(name + "_scale")
+        assert weight.dtype == torch.int8 and weight.shape == (64, 64)
+        assert scale.dtype == torch.float32 and scale.shape == (64,)
+        header = 8 + int.from_bytes((tmp_path / "model.safetensors").read_bytes()[:8], "little")
+    sizes = config["bytes"]
+    linear_weights = sum(m.weight.numel() for _, m in decoder_linears(model))
+    scales = sum(m.out_features for _, m in decoder_linears(model))
+    assert sizes["quantized_layers"] == linear_weights + 4 * scales
+    assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total")
+    assert (tmp_path / "model.safetensors").stat().st_size == sizes["total"] + header
+    loaded = TorchBackend.load(tmp_path, name="x", device="cpu", dtype="float32")
+    saved = set(loaded.model.state_dict())
+    unsaved = sum(b.numel() * b.element_size() for n, b in loaded.model.named_buffers()
+                  if n not in saved)  # rotary frequencies: computed, not stored
+    assert loaded.weight_bytes == sizes["total"] + unsaved  # resident = what the config states
+    layer = loaded.model.get_submodule(name.removesuffix(".weight"))
+    assert isinstance(layer, Int8Linear)
+    assert torch.equal(layer.int8_weight()[0], weight)
+    assert loaded.quantization == "int8" and loaded.compute == "stored"
+
+
+def test_int8_embedding_shrinks_the_file_and_decodes_to_its_codec(tokenizer, tmp_path):
+    from onepass.quant.formats import decode_embedding, encode_embedding
+
+    model = tiny_model("llama", len(tokenizer))  # untied: an embedding and a head
+    sizes = {}
+    for codec in ("float32", "bfloat16", "int8"):
+        config = write_quantized(model, tokenizer, tmp_path / codec, "fp4", embedding=codec)
+        assert config["embedding"] == {
+            "codec": codec, "tensors": ["lm_head.weight", "model.embed_tokens.weight"]}
+        sizes[codec] = config["bytes"]["embedding"]
+    table = model.get_input_embeddings().weight
+    assert sizes == {"float32": 2 * 4 * table.numel(), "bfloat16": 2 * 2 * table.numel(),
+                     "int8": 2 * (table.numel() + 4 * table.shape[0])}
+    loaded = TorchBackend.load(tmp_path / "int8", name="x", device="cpu", dtype="float32")
+    stored = encode_embedding("int8", table)
+    want = decode_embedding("int8", {"weight": stored[""], "scale": stored["_scale"]},
+                            torch.float32)
+    assert torch.equal(loaded.model.get_input_embeddings().weight, want)
+    head = encode_embedding("int8", model.get_output_embeddings().weight)
+    assert torch.equal(loaded.lm_head.weight, decode_embedding(
+        "int8", {"weight": head[""], "scale": head["_scale"]}, torch.float32))

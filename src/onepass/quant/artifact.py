@@ -153,6 +153,18 @@ def _stored_tensors(codec: Codec, name: str, weight: torch.Tensor) -> dict[str, 
             f"{name}_shape": torch.tensor(weight.shape, dtype=torch.int64)}
 
 
+def _sizes(state: dict[str, torch.Tensor], linears: set[str], tables: set[str]) -> dict[str, int]:
+    """Tensor bytes in the file by part: decoder linears, embedding / head, the rest."""
+    sizes = {"quantized_layers": 0, "embedding": 0, "high_precision": 0}
+    for name, tensor in state.items():
+        module = name.rpartition(".")[0]
+        base = name.removesuffix("_scale").removesuffix("_shape")
+        part = ("quantized_layers" if module in linears and ".weight" in name[len(module):]
+                else "embedding" if base in tables else "high_precision")
+        sizes[part] += tensor.numel() * tensor.element_size()
+    return {**sizes, "total": sum(sizes.values())}
+
+
 def write_quantized(
     model: Any,
     tokenizer: Any,
@@ -219,6 +231,7 @@ def write_quantized(
         "quantized_layers": sorted(linears),
         "embedding": {"codec": embedding, "tensors": sorted(stored_tables)},
         "compute": compute,
+        "bytes": _sizes(state, linears, set(stored_tables)),
         "high_precision": {"dtype": str(dtype).removeprefix("torch."), "tensors": kept},
         "tied_output_head": bool(getattr(model.config, "tie_word_embeddings", False)),
         **(provenance or {}),

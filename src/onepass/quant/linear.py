@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -72,9 +73,11 @@ class Int8Linear(nn.Module):
                              f"{tuple(qweight.shape)}")
         self.out_features, self.in_features = qweight.shape
         scale = scale.detach().reshape(-1).double()
-        quantized = torch._make_per_channel_quantized_tensor(
-            qweight.detach().contiguous(), scale,
-            torch.zeros(self.out_features, dtype=torch.long), 0)
+        with warnings.catch_warnings():  # quantized tensor dtypes are deprecated upstream;
+            warnings.simplefilter("ignore", UserWarning)  # the packed kernel is what we use
+            quantized = torch._make_per_channel_quantized_tensor(
+                qweight.detach().contiguous(), scale,
+                torch.zeros(self.out_features, dtype=torch.long), 0)
         # the packed copy is the only one kept: qweight is not stored twice
         self._packed = torch.ops.quantized.linear_prepack(quantized, None)
         self.packed_bytes = qweight.numel() + 4 * self.out_features
