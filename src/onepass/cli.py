@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from onepass.commands import (
+    bench,
     calibrate,
     decide,
     decide_schema,
@@ -34,6 +35,7 @@ COMMANDS = {
     "eval": evaluate,
     "calibrate": calibrate,
     "teach": teach,
+    "bench": bench,
     "merge": merge,
     "quantize": quantize,
 }

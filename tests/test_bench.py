@@ -1,0 +1,44 @@
+"""``onepass bench`` end to end at toy sizes: every section is measured and written."""
+
+from __future__ import annotations
+
+import json
+
+from onepass.bench import BANKING_SUBSET, BenchConfig, datasets, run
+
+
+def test_bench_datasets_are_fixed_and_disjoint(data_dir):
+    config = BenchConfig(data_dir=data_dir, limit=20, fit_limit=20)
+    a, b = datasets(config), datasets(config)
+    for name in ("clinc150", "banking77"):
+        states = [r.request.state for r in a[name]["test"]]
+        assert states == [r.request.state for r in b[name]["test"]]  # seeded: the same
+        assert len(states) == 20
+        fit = {r.request.state for r in a[name]["fit"]}
+        assert not fit & set(states), "calibration must be fitted on other records"
+    q = a["banking77"]["test"][0].request.questions[0]
+    assert set(q.options) == set(BANKING_SUBSET)
+
+
+def test_bench_writes_every_section(engine, data_dir, tmp_path):
+    """Toy sizes (3 BANKING77 intents, 3 scored records): the structure, not the numbers."""
+    config = BenchConfig(data_dir=data_dir, output=tmp_path / "bench", limit=3, fit_limit=8,
+                         teach=(1,), flip_records=2, latency_requests=1, domains=None,
+                         datasets=("banking77",), banking_intents=BANKING_SUBSET[:3],
+                         compare_combine=False)
+    stages = []
+    report = run(engine, config, lambda stage, done, total: stages.append(stage))
+    rows = report["results"]["banking77"]
+    assert set(rows) == {"none", "none+calibration", "rotations", "rotations+calibration",
+                         "none+teach1"}
+    for row in rows.values():
+        assert row["n"] == 3 and 0 <= row["accuracy"] <= 1 and 0 <= row["ece"] <= 1
+    assert report["flip"]["rotations"]["flip_rate"] == 0.0
+    assert report["flip"]["rotations"]["mean_tv"] < 1e-3
+    assert report["latency"]["rotations"]["miss_ms"] > 0
+    folder = tmp_path / "bench"
+    text = (folder / "REPORT.md").read_text()
+    assert "| banking77 | rotations |" in text and "flip rate" in text
+    assert json.loads((folder / "report.json").read_text())["limit"] == 3
+    assert (folder / "reliability_banking77.png").stat().st_size > 5_000
+    assert "banking77 rotations" in stages
