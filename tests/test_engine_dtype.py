@@ -38,6 +38,7 @@ from onepass.evaluate import compare_answers
 # 0.011, max TV 0.026. The bounds leave room for another CPU's bfloat16 kernels.
 BF16_MIN_AGREEMENT = 0.95
 BF16_MAX_MEAN_TV = 0.025
+BF16_NEAR_TIE = 0.25  # logits: bfloat16 keeps 8 bits, so logits near 20 round by ~0.06
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,12 @@ def test_bfloat16_answers_the_probe_requests_like_float32(engine, data_dir):
     assert result["mean_tv"] <= BF16_MAX_MEAN_TV
 
 
-def test_bfloat16_generation_on_a_cold_cache_equals_recomputation(engine):
+def test_bfloat16_generation_follows_recomputation_up_to_a_near_tie(engine):
+    """Greedy through the arena reproduces greedy full recomputation until the first token
+    where the recomputed top-2 logits are within bfloat16 rounding of each other (measured:
+    identical for 64 tokens on a cold cache in a separate process, diverging at token 49 here
+    on a 0.125-logit gap, one bfloat16 step at that size); float32 holds for all 64
+    (tests/test_generate_engine.py)."""
     from onepass.generate.sampling import SamplingParams
 
     assert engine.backend.model.dtype == torch.bfloat16  # the arena takes the model's dtype
@@ -109,5 +115,16 @@ def test_bfloat16_generation_on_a_cold_cache_equals_recomputation(engine):
     prompt = chat_ids(engine, "Write a long essay about rivers.")
     reference = greedy_by_recomputation(engine.backend, prompt, 64)
     assert len(reference) == 64
-    (g,) = engine.generator.run(prompt, SamplingParams(temperature=0.0), 64)
-    assert [t.id for t in g.tokens] == reference
+    (g,) = engine.generator.run(prompt, SamplingParams(temperature=0.0, logprobs=0), 64)
+    got = [t.id for t in g.tokens]
+    first = next((i for i, (a, b) in enumerate(zip(got, reference)) if a != b), None)
+    if first is None:
+        return
+    assert first >= 32, first
+    with torch.inference_mode():
+        ids = torch.tensor([prompt + reference[:first]])
+        logits = engine.backend.model(input_ids=ids).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    assert got[first] in torch.topk(logits, 2).indices.tolist()
+    print(f"\nbf16 greedy diverged at token {first}, top-2 gap {float(top[0] - top[1]):.3f}")
+    assert float(top[0] - top[1]) <= BF16_NEAR_TIE, (first, top.tolist())
