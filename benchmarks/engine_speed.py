@@ -7,9 +7,12 @@
 * the alternative fast path we did not ship: suffixes as a right-padded batch over the prefix
   cache expanded along the batch (runtime-notes), measured for the record;
 * on a miss, the prefix merged into the first packed forward vs given its own forward, for a
-  short and a long state (what the backend's ``merge_pairs`` rule decides between).
+  short and a long state (what the backend's ``merge_pairs`` rule decides between);
+* the compute column: the 16-question request (miss and hit) with float32, bfloat16 and int8
+  working weights (``--compute-only`` prints just that table), ratios to float32, the old
+  default.
 
-    .venv/bin/python benchmarks/engine_speed.py [--repeats 3]
+    .venv/bin/python benchmarks/engine_speed.py [--repeats 3] [--compute-only]
 """
 
 from __future__ import annotations
@@ -84,9 +87,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's); 1 is steadier when busy")
+    parser.add_argument("--compute-only", action="store_true",
+                        help="only the float32 / bfloat16 / int8 table")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    compute_table(args.model, args.repeats)
+    if args.compute_only:
+        return
     engine = DecisionEngine.from_pretrained(args.model)
     backend = engine.backend
     prefix_text = P.render_prefix(engine.format, STATE, None, engine.specials)
@@ -136,6 +144,41 @@ def main() -> None:
           f"max logit difference {diff:.1e}")
 
     merge_ab(engine, args.repeats)
+
+
+def compute_table(model: str | None, repeats: int) -> None:
+    """The 16-question request on the ~512-token state, cold (miss) and warm (hit), for each
+    compute: float32 (the old CPU default), bfloat16, int8 (per-channel weights on PyTorch's
+    dynamic int8 kernel), and what ``auto`` picks here."""
+    from onepass.backends.torch import TorchBackend, pick_dtype
+    from onepass.models import resolve
+
+    resolved = resolve(model)
+    auto = str(pick_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+    times: dict[str, tuple[float, float]] = {}
+    for compute in ("float32", "bfloat16", "int8"):
+        dtype = "bfloat16" if compute == "int8" else compute
+        backend = TorchBackend.load(resolved.path, name=resolved.name, device="cpu",
+                                    dtype=dtype, compute=compute)
+        engine = DecisionEngine(backend)
+        text = P.render_prefix(engine.format, STATE, None, engine.specials)
+        positions = [engine.position(*q) for q in questions(16)]
+
+        def cold(engine=engine, text=text, positions=positions):
+            engine.backend.cache.clear()
+            engine.score_positions(text, positions)
+
+        cold()  # warm-up (first-call allocations, int8 kernel set-up)
+        miss = timed(cold, repeats)
+        hit = timed(partial(engine.score_positions, text, positions), repeats)
+        times[compute] = (miss, hit)
+        del engine, backend
+    base_miss, base_hit = times["float32"]
+    print(f"compute (16 questions, ~512-token state; auto here = {auto}; int8 = int8 linears "
+          "in a bfloat16 model):")
+    for compute, (miss, hit) in times.items():
+        print(f"  {compute:9} miss {miss * 1000:6.0f} ms ({base_miss / miss:4.2f}x faster than "
+              f"float32)  hit {hit * 1000:6.0f} ms ({base_hit / hit:4.2f}x)")
 
 
 def merge_ab(engine, repeats: int) -> None:

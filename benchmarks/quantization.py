@@ -1,12 +1,15 @@
 """Quantization on the embedded model: size on disk, resident memory, latency and agreement
-with the float model for none / fp8 / fp4. Prints one table from one run.
+with the float32 model for float32 / bfloat16 / int8 / fp8 / fp4 (each quantized scheme with
+its working weights: ``int8`` = decoded once for PyTorch's int8 kernel, ``stored`` = decoded on
+every forward), plus fp4 with an int8 embedding. Prints one table from one run.
 
-Each scheme is written by `onepass quantize` into a temporary directory, then measured in a
-fresh process (so resident memory is its own): resident set size after load, bytes of
-resident weights, per-request latency over the 100 probe requests (all cache misses), and the
-answers, compared with the float model's (argmax agreement, mean total-variation distance).
+Each scheme is written by `onepass quantize` (embedding bfloat16 unless the row says int8) into
+a temporary directory, then measured in a fresh process (so resident memory is its own):
+resident set size after load, bytes of resident weights, per-request latency over the probe
+requests (all cache misses), and the answers, compared with the float32 model's (argmax
+agreement, mean total-variation distance).
 
-    .venv/bin/python benchmarks/quantization.py [--threads 1] [--limit 100] [--plot latency.png]
+    .venv/bin/python benchmarks/quantization.py [--threads 1] [--limit 100] [--model NAME]
 """
 
 from __future__ import annotations
@@ -24,20 +27,26 @@ HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "data"
 
 
-def measure(model: str | None, threads: int, limit: int) -> dict:
-    """Run in a fresh process: load ``model``, answer the probe requests."""
+def measure(model: str | None, threads: int, limit: int, dtype: str = "auto",
+            compute: str | None = None) -> dict:
+    """Run in a fresh process: load ``model`` (``dtype``, ``compute`` working weights),
+    answer the probe requests."""
     import gc
 
     import torch
 
+    from onepass.backends.torch import TorchBackend
     from onepass.datasets import probe_requests
     from onepass.engine import DecisionEngine
+    from onepass.models import resolve
     from onepass.server.runtime import resident_bytes
 
     torch.set_num_threads(threads)
     requests = probe_requests(SHARED, HERE / "data" / "handwritten.jsonl")[:limit]
     start = time.perf_counter()
-    engine = DecisionEngine.from_pretrained(model)
+    resolved = resolve(model)
+    engine = DecisionEngine(TorchBackend.load(resolved.path, name=resolved.name, device="cpu",
+                                              dtype=dtype, compute=compute))
     load = time.perf_counter() - start
     gc.collect()
     rss = resident_bytes()
@@ -47,12 +56,14 @@ def measure(model: str | None, threads: int, limit: int) -> dict:
         answers.append(engine.answer(request))
         seconds.append(time.perf_counter() - start)
     return {"load_seconds": load, "rss": rss, "weight_bytes": engine.backend.weight_bytes,
-            "seconds": seconds, "answers": answers}
+            "seconds": seconds, "answers": answers, "compute": engine.backend.compute}
 
 
-def in_fresh_process(model: str | None, threads: int, limit: int) -> dict:
+def in_fresh_process(model: str | None, threads: int, limit: int, dtype: str = "auto",
+                     compute: str | None = None) -> dict:
     code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import quantization as q; "
-            f"print(json.dumps(q.measure({model!r}, {threads}, {limit})))")
+            f"print(json.dumps(q.measure({model!r}, {threads}, {limit}, {dtype!r}, "
+            f"{compute!r})))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -63,36 +74,53 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--plot", help="write a latency chart (PNG) here")
+    parser.add_argument("--model", default=None, help="default: the embedded model")
     args = parser.parse_args()
 
     from onepass.commands.quantize import quantize
     from onepass.evaluate import compare_answers
     from onepass.models import resolve
 
-    float_dir = resolve().path
-    base = in_fresh_process(None, args.threads, args.limit)
-    base["disk"] = (float_dir / "model.safetensors").stat().st_size
-    rows = {}
+    float_dir = resolve(args.model).path
+    disk = sum(f.stat().st_size for f in float_dir.glob("*.safetensors"))
+    rows: dict[str, dict] = {}
+    for name, dtype in (("float32", "float32"), ("bfloat16", "bfloat16")):
+        rows[name] = in_fresh_process(args.model, args.threads, args.limit, dtype, "auto")
+        rows[name]["disk"] = disk if name == "float32" else disk // 2  # bf16: half the bytes
     with tempfile.TemporaryDirectory() as tmp:
-        for scheme in ("none", "fp8", "fp4"):
-            out = Path(tmp) / scheme
-            start = time.perf_counter()
-            quantize(None, None, scheme, out)
-            print(f"quantized {scheme} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-            rows[scheme] = in_fresh_process(str(out), args.threads, args.limit)
-            rows[scheme]["disk"] = (out / "model.safetensors").stat().st_size
+        # (row, scheme, embedding codec, compute at load)
+        for name, scheme, embedding, compute in (
+                ("int8", "int8", "bfloat16", "int8"),
+                ("fp8 int8", "fp8", "bfloat16", "int8"),
+                ("fp8 stored", "fp8", "bfloat16", "stored"),
+                ("fp4 int8", "fp4", "bfloat16", "int8"),
+                ("fp4 stored", "fp4", "bfloat16", "stored"),
+                ("fp4 e-int8", "fp4", "int8", "int8")):
+            out = Path(tmp) / f"{scheme}-{embedding}"
+            if not out.exists():
+                start = time.perf_counter()
+                quantize(args.model, None, scheme, out, embedding=embedding)
+                print(f"quantized {scheme} (embedding {embedding}) in "
+                      f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+            rows[name] = in_fresh_process(str(out), args.threads, args.limit, "auto", compute)
+            rows[name]["disk"] = (out / "model.safetensors").stat().st_size
+            print(f"measured {name}", file=sys.stderr)
 
-    print(f"\n{args.limit} probe requests, {args.threads} thread(s); ratios are to float32")
-    print(f"{'scheme':8} {'disk MiB':>9} {'ratio':>6} {'weights MiB':>12} {'ratio':>6} "
-          f"{'RSS MiB':>8} {'ratio':>6} {'median ms':>10} {'ratio':>6} {'agree':>6} {'mean TV':>8}")
-    median = {name: statistics.median(r["seconds"]) for name, r in [("float32", base),
-                                                                    *rows.items()]}
-    for name, r in [("float32", base), *rows.items()]:
+    base = rows["float32"]
+    print(f"\n{args.limit} probe requests, {args.threads} thread(s); ratios are to float32; "
+          "bfloat16 disk = half of float32's (not written)")
+    print(f"{'row':11} {'compute':9} {'disk MiB':>9} {'ratio':>6} {'weights MiB':>12} {'ratio':>6} "
+          f"{'RSS MiB':>8} {'ratio':>6} {'median ms':>10} {'ratio':>6} {'vs bf16':>7} "
+          f"{'agree':>6} {'mean TV':>8}")
+    median = {name: statistics.median(r["seconds"]) for name, r in rows.items()}
+    for name, r in rows.items():
         cmp = compare_answers(base["answers"], r["answers"])
-        print(f"{name:8} {r['disk'] / 2**20:9.1f} {r['disk'] / base['disk']:6.2f} "
+        print(f"{name:11} {r['compute']:9} {r['disk'] / 2**20:9.1f} "
+              f"{r['disk'] / base['disk']:6.2f} "
               f"{r['weight_bytes'] / 2**20:12.1f} {r['weight_bytes'] / base['weight_bytes']:6.2f} "
               f"{r['rss'] / 2**20:8.1f} {r['rss'] / base['rss']:6.2f} "
               f"{median[name] * 1e3:10.0f} {median[name] / median['float32']:6.2f} "
+              f"{median[name] / median['bfloat16']:7.2f} "
               f"{cmp['agreement']:6.2f} {cmp['mean_tv']:8.3f}")
     if args.plot:
         import matplotlib
@@ -101,9 +129,8 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        names = ["float32", *rows]
-        data = [[s * 1e3 for s in (base if n == "float32" else rows[n])["seconds"]]
-                for n in names]
+        names = list(rows)
+        data = [[s * 1e3 for s in rows[n]["seconds"]] for n in names]
         ax.boxplot(data, tick_labels=names)
         ax.set_ylabel("ms per request (cache miss)")
         ax.set_title("onepass: latency by weight format")
