@@ -125,3 +125,19 @@ def test_engine_default_and_per_call_override(engine):
         engine.debias = saved
     with pytest.raises(ValueError, match="debias"):
         engine.answer(_choice(TEAMS), debias="shuffle")
+
+
+def test_many_options_read_capped_rotations_that_do_not_depend_on_order(engine):
+    def question(names):
+        return parse_request({"state": "x", "questions": {"c": {
+            "type": "choice", "instructions": "Pick", "criteria": dict.fromkeys(names)}}
+        }).questions[0]
+
+    names = [f"option {i:02d}" for i in range(30)]
+    forward = engine.readings(question(names), "rotations")
+    backward = engine.readings(question(names[::-1]), "rotations")
+    assert len(forward) == engine.max_rotations == 16
+    # the same prompts in the same order, whatever the declared order
+    assert [p.suffix for p, _ in forward] == [p.suffix for p, _ in backward]
+    firsts = {names[order[0]] for _, order in forward}
+    assert len(firsts) == 16  # evenly spaced: a different option leads each reading

@@ -35,6 +35,7 @@ from onepass.readout import (
 )
 
 DEFAULT_MAX_INPUT_TOKENS = 8192
+MAX_ROTATIONS = 16  # K > 16 options: 16 evenly spaced rotations (a K-fold prompt is K^2 lines)
 DEFAULT_COMBINE = "mean"  # measured against "logmean" on CLINC150 (tests/test_debias.py note)
 
 
@@ -95,6 +96,7 @@ class DecisionEngine:
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
         self.debias = _check_debias(debias)
         self.combine = DEFAULT_COMBINE
+        self.max_rotations = MAX_ROTATIONS
         # what a calibration file must match (model, dtype, adapter, prompt version)
         self.adapter = adapter
         self.calibration: Any = None
@@ -369,15 +371,18 @@ class DecisionEngine:
         error, K positions, not K!). A noul's yes/no and a score's levels keep their order
         (the levels mean "lowest to highest"); their labels rotate instead (A names "no" in
         the swapped noul), which cancels the label prior. Noul word labels (Yes/No) have none
-        to cancel: one position.
+        to cancel: one position. Over ``max_rotations`` options, that many evenly spaced
+        rotations of the canonical order are read (still order-invariant: the canonical order
+        does not depend on the declared one; each option is first in only some of them).
         """
         n = len(q.options)
         if debias == "none" or n < 2:
             return [(self.question_position(q), tuple(range(n)))]
         if q.type == "choice":
             canonical = sorted(range(n), key=lambda i: q.options[i])
+            count = min(n, self.max_rotations)
             out = []
-            for r in range(n):
+            for r in sorted({i * n // count for i in range(count)}):
                 order = tuple(canonical[r:] + canonical[:r])
                 out.append((self.position(
                     q.type, q.instructions, [q.options[i] for i in order],
