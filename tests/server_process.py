@@ -25,12 +25,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve(args: Sequence[str], log_path: Path, *, ready_seconds: float = 240,
-          env: dict[str, str] | None = None) -> Iterator[str]:
-    """``onepass serve ARGS`` on a free port; yields its URL once /health is 200, and stops it
-    with SIGTERM (then SIGKILL) afterwards. The log is kept at ``log_path``."""
-    port = free_port()
+          env: dict[str, str] | None = None, port: int | None = None) -> Iterator[str]:
+    """``onepass serve ARGS`` on ``port`` (default: a free one); yields its URL once /health is
+    200, and stops it with SIGTERM (then SIGKILL) afterwards. The log goes to ``log_path``."""
+    port = port or free_port()
     environ = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    with open(log_path, "w") as log:
+    with open(log_path, "a") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "onepass.cli", "serve", "--port", str(port), *args],
             cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,

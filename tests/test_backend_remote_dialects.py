@@ -97,8 +97,7 @@ def test_llama_server_body_and_parse_pinned():
 
 
 def test_echo_body_and_parse():
-    assert D.echo_score_body([5, 6], onepass=True)["max_tokens"] == 0
-    assert D.echo_score_body([5, 6], onepass=False)["max_tokens"] == 1
+    assert D.echo_score_body([5, 6])["max_tokens"] == 0
     answer = {"choices": [{"logprobs": {"tokens": ["a", "b", "c"],
                                         "token_logprobs": [None, -1.0, -2.5]}}]}
     assert D.echo_parse_score(answer, [1, 2, 3]) == -2.5

@@ -186,7 +186,7 @@ def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
     return engine
 
 
-ENGINES = ("onepass", "llama-server", "llama-cpp-python", "vllm", "sglang")
+ENGINES = ("onepass", "llama-server", "vllm", "sglang")
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:

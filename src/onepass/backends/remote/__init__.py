@@ -1,4 +1,4 @@
-"""Decisions computed by a remote engine (SGLang, vLLM, llama-server, llama-cpp-python, onepass).
+"""Decisions computed by a remote engine (SGLang, vLLM, llama-server, onepass).
 
 The prompt is rendered here, by the engine's own checkpoint tokenizer and chat template (one
 renderer for every backend, so answers agree), and sent as token ids; the engine returns the
@@ -20,7 +20,7 @@ from onepass.backends.remote import dialects as D
 from onepass.cache import CacheStats
 from onepass.server.errors import ApiError, retry_headers
 
-ENGINES = ("sglang", "vllm", "llama-server", "llama-cpp-python", "onepass")
+ENGINES = ("sglang", "vllm", "llama-server", "onepass")
 PROBE_TEXTS = (
     "Answer with one letter.\nA. yes\nB. no\nAnswer: A",
     "  Hello, world! 123 {\"key\": [1, 2.5, null]} — café naïve 日本語\n\tend",
@@ -107,8 +107,8 @@ class RemoteBackend:
 
     def health(self) -> tuple[bool, str]:
         """(ok, detail): whether the engine answers its health route now."""
-        path = {"llama-cpp-python": "/v1/models", "vllm": "/health", "sglang": "/health",
-                "llama-server": "/health", "onepass": "/health"}[self.engine]
+        path = {"vllm": "/health", "sglang": "/health", "llama-server": "/health",
+                "onepass": "/health"}[self.engine]
         try:
             response = self.client.get(path, timeout=min(5.0, self.timeout))
         except Exception as exc:  # any transport fault means "not healthy now"
@@ -141,9 +141,6 @@ class RemoteBackend:
         if self.engine == "llama-server":
             body = self._post("/tokenize", D.llama_server_tokenize_body(text))
             return list(D._need(body, "tokens"))
-        if self.engine == "llama-cpp-python":
-            ids = list(D._need(self._post("/extras/tokenize", {"input": text}), "tokens"))
-            return ids[1:] if self.bos_id is not None and ids[:1] == [self.bos_id] else ids
         body = self._post("/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True,
                                               "logprobs": 0})
         return D.echo_parse_tokens(body)
@@ -192,13 +189,11 @@ class RemoteBackend:
             results = list(self._pool.map(one, range(len(prompts))))
             return [r[0] for r in results], min(r[1] for r in results)
         flat = D.appended(prompts, candidates)
-        onepass = self.engine == "onepass"
 
         def echo(prompt: list[int]) -> float:
-            body = self._post("/v1/completions", D.echo_score_body(prompt, onepass=onepass))
+            body = self._post("/v1/completions", D.echo_score_body(prompt))
             return self._read(D.echo_parse_score, body, prompt)
-        # llama-cpp-python keeps one sequence: in order, each prompt reuses the last one's KV
-        values = list(self._pool.map(echo, flat)) if onepass else [echo(p) for p in flat]
+        values = list(self._pool.map(echo, flat))
         return D._regroup(values, candidates), 0
 
     def _read(self, parse: Any, body: Any, *args: Any) -> Any:

@@ -15,9 +15,8 @@ good as logits):
   ``logit_bias`` on every candidate id, ``post_sampling_probs`` and ``n_probs = k`` with the
   truncating samplers off. The bias is equal for all candidates, so their probability ratios
   are the model's; everything else is left with < e^-bias of the mass. ``tokens_cached``.
-* ``llama-cpp-python`` — its OpenAI server (``python -m llama_cpp.server``): ``/v1/completions``
-  with the prompt ids plus one candidate, ``echo`` and ``logprobs: 0``: the echoed logprob of
-  the last prompt token is the candidate's.
+* (llama-cpp-python's own OpenAI server is not an engine here: its ``/v1/completions`` takes
+  text prompts only, and a decision prompt must reach the engine as exactly its token ids.)
 * ``onepass`` — a onepass worker's ``/v1/completions`` scoring path (``max_tokens: 0``,
   ``echo``, ``logprobs: 0``), the same candidate-appended prompt: exact, but one request per
   candidate (the worker takes one prompt per request) and the worker's echo path runs a full
@@ -133,11 +132,10 @@ def vllm_tokenize_body(model: str, text: str) -> dict[str, Any]:
     return {"model": model, "prompt": text, "add_special_tokens": False}
 
 
-def echo_score_body(prompt: Sequence[int], *, onepass: bool) -> dict[str, Any]:
-    """llama-cpp-python and onepass: score one candidate-appended prompt by echo."""
-    # onepass scores with max_tokens 0; llama-cpp-python reads 0 as "until the context ends"
-    return {"prompt": list(prompt), "max_tokens": 0 if onepass else 1, "echo": True,
-            "logprobs": 0, "temperature": 0.0}
+def echo_score_body(prompt: Sequence[int]) -> dict[str, Any]:
+    """onepass: score one candidate-appended prompt by echo (max_tokens 0: nothing generated)."""
+    return {"prompt": list(prompt), "max_tokens": 0, "echo": True, "logprobs": 0,
+            "temperature": 0.0}
 
 
 def echo_parse_score(body: Any, prompt: Sequence[int]) -> float:
