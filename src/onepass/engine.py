@@ -158,7 +158,7 @@ class DecisionEngine:
 
         ``backend``: ``torch`` (default, in process), ``llamacpp`` (a GGUF run natively by
         llama.cpp; ``n_ctx``/``n_threads``) or ``remote`` (``engine`` — sglang, vllm,
-        llama-server, llama-cpp-python or onepass — at ``engine_url``; ``model`` names the
+        llama-server or onepass — at ``engine_url``; ``model`` names the
         checkpoint whose tokenizer and chat template render the prompts). The renderer, labels
         and readout are the same for all three.
         """
