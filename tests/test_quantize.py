@@ -183,8 +183,8 @@ def test_what_cannot_be_quantized_or_served_is_refused(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized")
-    for scheme in ("fp8", "fp4"):
-        quantize(None, None, scheme, root / scheme)
+    for scheme in ("fp8", "fp4"):  # stored: resident weights in the artifact's format
+        quantize(None, None, scheme, root / scheme, compute="stored")
     return root
 
 

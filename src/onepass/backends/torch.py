@@ -153,8 +153,8 @@ class TorchBackend:
         """``compute`` picks the decoder linears' working weights: ``stored`` (as the checkpoint
         has them; a quantized artifact decodes per forward), ``int8`` (per-channel int8 on
         PyTorch's VNNI kernel), ``bfloat16`` / ``float32`` / ``float16`` (that dtype, decoded
-        once); None: the artifact's recorded choice, else ``auto`` (int8 on a VNNI CPU for a
-        quantized artifact, the checkpoint's own weights for a float one)."""
+        once); None: the artifact's recorded choice, else ``auto`` (a quantized artifact
+        decoded once into the model's dtype, a float checkpoint as it is)."""
         family = check_family(Path(path) / "config.json")
         dev = pick_device(device)
         quantization = read_quantization(path)

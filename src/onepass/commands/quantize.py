@@ -3,9 +3,10 @@ weights as FP8 (E4M3, per-output-channel scales), MXFP4 (E2M1 + one E8M0 exponen
 weights) or int8 (per-output-channel scales), and the token embedding / output head in
 bfloat16 (or int8 per row, `--embedding`). OUT is complete (weights, quantization_config.json,
 config, tokenizer): serve it with `onepass serve --model OUT`. At load each layer becomes
-working weights once (`--compute`, recorded in OUT): auto = int8 on a CPU with VNNI (PyTorch's
-int8 kernel), a float dtype decoded once, or `stored` (kept as written, decoded per forward:
-least memory, slowest). `--quantization none` performs only the merge.
+working weights once (`--compute`, recorded in OUT): auto = the model's float dtype decoded
+once (bfloat16 on a CPU with bf16 units), `int8` (PyTorch's dynamic int8 kernel on VNNI: fast,
+but it quantizes activations too and moves answers more), or `stored` (kept as written,
+decoded per forward: least memory, slowest). `--quantization none` performs only the merge.
 
   onepass quantize --adapter out/lora --quantization fp4 --output-directory out/fp4
 """
@@ -36,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "bfloat16; int8: one scale per row)")
     parser.add_argument("--compute", default="auto",
                         choices=["auto", "int8", "bfloat16", "float32", "float16", "stored"],
-                        help="working weights a load builds once (default auto: int8 on a CPU "
-                        "with VNNI, else the model's dtype; stored: decode every forward)")
+                        help="working weights a load builds once (default auto: the model's "
+                        "dtype; int8: VNNI kernel; stored: decode every forward)")
 
 
 def quantize(
