@@ -261,17 +261,18 @@ def run(engine: Any, config: BenchConfig, tick: Tick | None = None) -> dict[str,
     lat = {debias: latency(engine, first[: config.latency_requests], debias)
            for debias in ("none", "rotations")}
     tick("latency", 1, 1)
-    jev = {}
-    if config.domains:
-        for debias in ("none", "rotations"):
-            jev[debias] = jevbench(engine, config.domains, debias)
-            tick(f"jevbench {debias}", 1, 1)
+    jev: dict[str, Any] = {}
     report = {"identity": identity, "settings": config.settings, "limit": config.limit,
               "seed": config.seed, "banking77_intents": list(config.banking_intents),
               "clinc150_descriptions": config.describe, "flip_latency_dataset": config.datasets[0],
               "results": results, "calibration": fitted, "flip": flips, "latency": lat,
               "jevbench": jev}
-    write(report, Path(config.output))
+    write(report, Path(config.output))  # what is measured so far survives a JevBench fault
+    if config.domains:
+        for debias in ("none", "rotations"):
+            jev[debias] = jevbench(engine, config.domains, debias)
+            tick(f"jevbench {debias}", 1, 1)
+            write(report, Path(config.output))
     return report
 
 
