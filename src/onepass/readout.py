@@ -80,8 +80,7 @@ def combine_rotations(
 
     ``mean`` averages the probabilities (a mixture: one confident reading cannot veto the
     others); ``logmean`` averages log-probabilities and renormalises (a geometric mean: an
-    option must be likely in every reading). ``benchmarks``-style measurement on CLINC150 chose
-    the default (see :data:`onepass.engine.DEFAULT_COMBINE`).
+    option must be likely in every reading). ``onepass bench`` reports both.
     """
     if how not in COMBINE_RULES:
         raise ValueError(f"combine rule must be one of {COMBINE_RULES}, got {how!r}")
