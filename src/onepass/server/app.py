@@ -268,7 +268,7 @@ def create_app(
             parsed = parse_request(raw)
         except ContractError as exc:
             raise from_contract(exc, raw) from None
-        engine = rt.require_engine(parsed.model)  # an unknown model: 404 before any work
+        engine = rt.engine_for(parsed.model)  # an unknown model: 404 before any work
         fields["model"] = parsed.model or engine.served_name
         fields["questions"] = len(parsed.questions)
         if len(parsed.questions) > settings.max_questions:
@@ -318,7 +318,7 @@ def create_app(
         rt.require_engine()
         raw = await read_json(request, settings)
         model = raw.get("model") if isinstance(raw, dict) else None
-        engine = rt.require_engine(model if isinstance(model, str) else None)
+        engine = rt.engine_for(model if isinstance(model, str) else None)
         try:  # validation and compilation (bounded) before anything is queued, off the loop
             plan = await asyncio.to_thread(
                 parse_decisions, engine, raw, max_fields=settings.max_questions

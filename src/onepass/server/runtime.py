@@ -161,6 +161,11 @@ class Runtime:
                 "retry shortly",
                 headers=retry_headers(2.0),
             )
+        return self.engine if model is None else self.engine_for(model)
+
+    def engine_for(self, model: str | None) -> Any:
+        """The engine serving ``model``, by name only: for a request already admitted (its
+        readiness was checked when it arrived; a drain since then must not refuse it)."""
         if model is None:
             return self.engine
         if model in self.engines:
