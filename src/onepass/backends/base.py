@@ -21,6 +21,16 @@ class ScoreResult:
     cached_tokens: int
 
 
+def has_work(suffixes: Sequence[Sequence[int]], candidates: Sequence[Sequence[int]]) -> bool:
+    """Check ``score``'s arguments (one candidate list per suffix, no empty suffix); False
+    when there is nothing to score."""
+    if len(suffixes) != len(candidates):
+        raise ValueError("one candidate list per suffix is needed")
+    if any(len(s) == 0 for s in suffixes):
+        raise ValueError("every suffix needs at least one token")
+    return bool(suffixes)
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from onepass.backends.base import ScoreResult
+from onepass.backends.base import ScoreResult, has_work
 from onepass.cache import CacheStats, PrefixCache
 
 INSTALL_HINT = (
@@ -275,12 +275,8 @@ class LlamaCppBackend:
         suffixes: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[int]],
     ) -> ScoreResult:
-        if len(suffixes) != len(candidates):
-            raise ValueError("one candidate list per suffix is needed")
-        if not suffixes:
+        if not has_work(suffixes, candidates):
             return ScoreResult([], 0)
-        if any(len(s) == 0 for s in suffixes):
-            raise ValueError("every suffix needs at least one token")
         longest = len(prefix) + max(len(s) for s in suffixes)
         if longest > self.n_ctx:
             raise ValueError(f"a prompt of {longest} tokens exceeds the context of {self.n_ctx}")

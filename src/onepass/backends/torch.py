@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from onepass.backends import packed_attention
-from onepass.backends.base import ScoreResult
+from onepass.backends.base import ScoreResult, has_work
 from onepass.backends.kv_arena import ArenaCache, KVArena
 from onepass.backends.packed_attention import Segment, Segments
 from onepass.cache import CacheStats, PrefixCache
@@ -326,12 +326,8 @@ class TorchBackend:
         suffixes: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[int]],
     ) -> ScoreResult:
-        if len(suffixes) != len(candidates):
-            raise ValueError("one candidate list per suffix is needed")
-        if not suffixes:
+        if not has_work(suffixes, candidates):
             return ScoreResult([], 0)
-        if any(len(s) == 0 for s in suffixes):
-            raise ValueError("every suffix needs at least one token")
         logits: list[list[float]] = []
         with self._lock:
             groups = packing_groups([len(s) for s in suffixes], self.max_packed_tokens)

@@ -294,14 +294,10 @@ class GenerationScheduler:
     ) -> Any:
         """The backend protocol's ``score``, run inside the shared steps: blocks until the
         candidate logits are ready. Concurrent callers are packed into the same forwards."""
-        from onepass.backends.base import ScoreResult
+        from onepass.backends.base import ScoreResult, has_work
 
-        if len(suffixes) != len(candidates):
-            raise ValueError("one candidate list per suffix is needed")
-        if not suffixes:
+        if not has_work(suffixes, candidates):
             return ScoreResult([], 0)
-        if any(len(x) == 0 for x in suffixes):
-            raise ValueError("every suffix needs at least one token")
         block = self.arena.block
         reserved = _blocks(len(prefix), block) + sum(_blocks(len(x), block) for x in suffixes)
         if reserved > self.capacity:
