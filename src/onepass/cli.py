@@ -18,6 +18,7 @@ from onepass.commands import (
     decide_schema,
     generate,
     merge,
+    pull,
     quantize,
     serve,
     teach,
@@ -37,6 +38,7 @@ COMMANDS = {
     "teach": teach,
     "bench": bench,
     "merge": merge,
+    "pull": pull,
     "quantize": quantize,
 }
 

