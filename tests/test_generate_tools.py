@@ -161,3 +161,14 @@ def test_forced_call_grammar_compiles_and_generates_valid_calls(engine):
     with pytest.raises(ContractError) as err:
         compile_grammar(info, grammar=T.call_grammar(bad), field="tools")
     assert err.value.field == "tools" and "uniqueItems" in err.value.message
+
+
+def test_required_with_parallel_calls_ends_within_the_call_bound(engine):
+    """SmolLM2 forced to call with parallel calls on calls again and again: the grammar ends
+    the turn after MAX_PARALLEL_CALLS well-formed calls instead of running out of tokens."""
+    s = spec("required", True)
+    out = engine.generate("What is the weather in Paris?", grammar=T.call_grammar(s),
+                          max_tokens=40 * T.MAX_PARALLEL_CALLS, temperature=0)
+    _, calls = T.parse_calls(out.text, s)
+    assert out.finish_reason == "stop", out
+    assert 1 <= len(calls) <= T.MAX_PARALLEL_CALLS

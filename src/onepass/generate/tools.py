@@ -393,11 +393,15 @@ def call_record(call_id: Any, name: Any, arguments: Any, *, id_field: str,
 # --------------------------------------------------------------------------- forcing a call
 
 
+MAX_PARALLEL_CALLS = 8
+"""Calls one forced (``required``) turn may make when parallel calls are allowed."""
+
+
 def call_grammar(spec: ToolSpec) -> str:
     """A Lark grammar (llguidance) whose sentences are exactly well-formed Hermes calls:
     ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, the arguments valid
     under the function's parameters schema. A named function: one call; ``required``: one, or
-    several when parallel calls are allowed."""
+    up to :data:`MAX_PARALLEL_CALLS` when parallel calls are allowed."""
     names = [spec.named] if spec.choice == "function" else [f.name for f in spec.functions]
     variants = []
     for name in names:
@@ -410,8 +414,10 @@ def call_grammar(spec: ToolSpec) -> str:
         })
     schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
     schema = {**schema, "x-guidance": _STRICT_JSON}
-    # a named function is called once; required may call several when parallel calls are on
-    repeat = ' ("\\n" call)*' if spec.parallel and spec.choice == "required" else ""
+    # a named function is called once; required may call several when parallel calls are on,
+    # at most MAX_PARALLEL_CALLS: a small model forced to call tends to call again forever
+    many = spec.parallel and spec.choice == "required"
+    repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else ""
     return (f"start: call{repeat}\n"
             f'call: "{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"\n'
             f"body: %json {json.dumps(schema, ensure_ascii=False)}\n")
