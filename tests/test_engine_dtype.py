@@ -128,3 +128,17 @@ def test_bfloat16_generation_follows_recomputation_up_to_a_near_tie(engine):
     assert got[first] in torch.topk(logits, 2).indices.tolist()
     print(f"\nbf16 greedy diverged at token {first}, top-2 gap {float(top[0] - top[1]):.3f}")
     assert float(top[0] - top[1]) <= BF16_NEAR_TIE, (first, top.tolist())
+
+
+def test_compute_is_chosen_at_load_and_refused_off_the_torch_backend():
+    """``from_pretrained(compute=...)`` (``--compute``) picks the working weights of a float
+    checkpoint too; the GGUF and remote backends run weights as their engine stores them."""
+    from onepass import DecisionEngine
+    from onepass.quant.linear import Int8Linear
+
+    engine = DecisionEngine.from_pretrained(dtype="float32", compute="int8")
+    assert engine.backend.compute == "int8"
+    assert any(isinstance(m, Int8Linear) for m in engine.backend.model.modules())
+    assert 0.0 <= engine.noul("It is raining.", "Is the weather bad?") <= 1.0
+    with pytest.raises(ValueError, match="--compute needs --backend torch"):
+        DecisionEngine.from_pretrained(backend="llamacpp", compute="int8")

@@ -153,6 +153,7 @@ class DecisionEngine:
         engine_url: str | None = None,
         n_ctx: int | None = None,
         n_threads: int | None = None,
+        compute: str | None = None,
     ) -> DecisionEngine:
         """Load ``model`` (embedded alias, GGUF file, checkpoint directory or hub id).
 
@@ -160,8 +161,13 @@ class DecisionEngine:
         llama.cpp; ``n_ctx``/``n_threads``) or ``remote`` (``engine`` — sglang, vllm,
         llama-server or onepass — at ``engine_url``; ``model`` names the
         checkpoint whose tokenizer and chat template render the prompts). The renderer, labels
-        and readout are the same for all three.
+        and readout are the same for all three. ``compute`` (torch only): the decoder linears'
+        working weights (``auto``, ``stored``, ``int8``, ``float32``, ``bfloat16``,
+        ``float16``; None: what a quantized artifact recorded, else ``auto``).
         """
+        if compute is not None and backend != "torch":
+            raise ValueError("--compute needs --backend torch (the other backends run the "
+                             "weights as their engine stores them)")
         if backend == "llamacpp":
             if adapter is not None:
                 raise ValueError("--adapter needs --backend torch (a GGUF is run as it is)")
@@ -190,6 +196,7 @@ class DecisionEngine:
                 cache_entries=session_cache_entries,
                 cache_tokens=session_cache_tokens,
                 adapter=adapter,
+                compute=compute,
             )
         else:
             raise ValueError(f"backend must be torch, llamacpp or remote, got {backend!r}")

@@ -123,6 +123,12 @@ def add_model_arguments(
                  help="default: auto")
     env_argument(g, "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                  help="default: auto (float32 on CPU, bfloat16/float16 on GPU)")
+    env_argument(g, "--compute", choices=["auto", "stored", "int8", "float32", "bfloat16",
+                                          "float16"],
+                 help="torch: the decoder linears' working weights: auto (the model's dtype; "
+                 "a quantized artifact decoded once), stored (decode every forward: least "
+                 "memory), int8 (VNNI kernels: faster, moves answers more), or a float dtype "
+                 "(default: what the artifact recorded, else auto)")
     env_argument(g, "--context-path",
                  help="a system context file (policy, memory) prefilled once at start-up")
     env_argument(g, "--session-cache-entries", type=non_negative_int, default=16,
@@ -228,6 +234,7 @@ def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
         max_input_tokens=args.max_input_tokens,
         temperature=args.temperature if readout else 1.0,
         served_name=args.served_model_name,
+        compute=getattr(args, "compute", None),
         **backend_options(args),
     )
     return apply_quality(engine, args) if readout else engine
