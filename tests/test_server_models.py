@@ -47,10 +47,26 @@ def test_config_entries_override_the_shared_flags(tmp_path):
     ('[{"model": "a", "max_concurrency": 0}]', "[0].max_concurrency"),
     ('[{"model": "a", "max_concurrency": true}]', "[0].max_concurrency"),
     ('[{"model": "a"}, {"model": "b", "served_model": "a"}]', "both served as 'a'"),
+    ('[{"model": "a", "task": "embed"}]', "[0].task: expected one of generate, embedding"),
+    ('[{"model": "a"}, {"model": "b", "task": "embedding", "adapter": "x"}]',
+     "[1].adapter: an embedding model"),
+    ('[{"model": "a", "task": "embedding", "dtype": "bfloat16"}]',
+     "[0].dtype: an embedding model"),
 ])
 def test_bad_configs_name_the_entry_and_key(tmp_path, content, message):
     with pytest.raises(ModelsConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_models_config(write(tmp_path, content), BASE)
+
+
+def test_task_embedding_from_the_config_and_the_flags(tmp_path):
+    specs = load_models_config(write(tmp_path, [
+        {"model": "smollm2-135m-instruct"},
+        {"model": "all-minilm-l6-v2", "served_model": "minilm", "task": "embedding"},
+    ]), BASE)
+    assert [s.task for s in specs] == ["generate", "embedding"]
+    assert specs_from_flags(["m"], None, ModelSpec(task="embedding"))[0].task == "embedding"
+    with pytest.raises(ModelsConfigError, match="task embedding needs the model to load"):
+        specs_from_flags(None, None, ModelSpec(task="embedding"))
 
 
 def test_flags_pair_models_with_served_names():

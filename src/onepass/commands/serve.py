@@ -91,8 +91,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(m, "--models-config",
                  help="a JSON array of model entries (model, served_model, device, dtype, "
                  "adapter, context_path, max_input_tokens, max_concurrency, "
-                 "default_max_output_tokens) served together; an entry's keys override the "
+                 "default_max_output_tokens, task) served together; an entry's keys override the "
                  "model flags; instead of --model")
+    env_argument(m, "--task", default="generate", choices=["generate", "embedding"],
+                 help="per model: generate (default: decisions, generation, and embeddings "
+                 "mean-pooled from the decoder) or embedding (a sentence-embedding checkpoint "
+                 "such as all-minilm-l6-v2; it serves POST /v1/embeddings only)")
     env_argument(m, "--max-concurrency", type=positive_int, default=8,
                  help="per model: decision requests prepared at once and generations running "
                  "at once (default 8); each model has its own queue")
@@ -160,7 +164,7 @@ def model_specs(args: argparse.Namespace) -> list[Any]:
         model=None, served_model=args.served_model_name, device=args.device, dtype=args.dtype,
         adapter=args.adapter, context_path=args.context_path,
         max_input_tokens=args.max_input_tokens, max_concurrency=args.max_concurrency,
-        default_max_output_tokens=args.default_max_output_tokens,
+        default_max_output_tokens=args.default_max_output_tokens, task=args.task,
     )
     if args.models_config:
         if args.model or args.served_model:
@@ -171,6 +175,12 @@ def model_specs(args: argparse.Namespace) -> list[Any]:
 
 
 def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
+    if spec.task == "embedding":
+        from onepass.backends.encoder import EmbeddingEngine
+
+        return EmbeddingEngine.from_pretrained(
+            spec.model, served_name=spec.served_model, device=spec.device,
+            max_input_tokens=spec.max_input_tokens, max_concurrency=spec.max_concurrency)
     from onepass.engine import DecisionEngine
 
     engine = DecisionEngine.from_pretrained(

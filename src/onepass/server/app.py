@@ -340,12 +340,14 @@ def create_app(
                         403: _ERROR_RESPONSES[403], 503: _ERROR_RESPONSES[503]},
              summary="The served models and the default model's aliases")
     async def models() -> Response:
-        default = rt.require_engine()
+        default = rt.require_engine(task=None)  # every model is listed, embedding ones too
         names: list[str] = []
         descriptions: dict[str, str] = {}
         for engine in rt.engines.values():
             names.append(engine.served_name)
             descriptions[engine.served_name] = (
+                f"onepass model {engine.served_name!r}: sentence embeddings only "
+                "(POST /v1/embeddings)" if getattr(engine, "task", None) == "embedding" else
                 f"onepass model {engine.served_name!r}: typed decisions and text generation"
                 + (" with a system context" if getattr(engine, "context", None) else ""))
         if DEFAULT_MODEL_ALIAS not in names:

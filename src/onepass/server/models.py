@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+TASKS = ("generate", "embedding")
+
 
 class ModelsConfigError(ValueError):
     """A models config or flag combination that cannot be served (one line, names the key)."""
@@ -22,7 +24,8 @@ class ModelsConfigError(ValueError):
 class ModelSpec:
     """One resident model. ``max_concurrency`` bounds its decision workers and running
     generations; ``default_max_output_tokens`` is its generation limit when a request names
-    none."""
+    none. ``task``: ``generate`` (a decoder: decisions, generation, pooled embeddings) or
+    ``embedding`` (a sentence encoder: POST /v1/embeddings only)."""
 
     model: str | None = None
     served_model: str | None = None
@@ -33,10 +36,12 @@ class ModelSpec:
     max_input_tokens: int = 8192
     max_concurrency: int = 8
     default_max_output_tokens: int = 1024
+    task: str = "generate"
 
 
 _CHOICES = {"device": ("auto", "cpu", "cuda", "mps"),
-            "dtype": ("auto", "float32", "bfloat16", "float16")}
+            "dtype": ("auto", "float32", "bfloat16", "float16"),
+            "task": TASKS}
 _POSITIVE = ("max_input_tokens", "max_concurrency", "default_max_output_tokens")
 _STRINGS = ("model", "served_model", "adapter", "context_path")
 
@@ -54,6 +59,17 @@ def check_spec(spec: ModelSpec, where: str) -> ModelSpec:
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ModelsConfigError(f"{where}.{name}: expected a non-empty string")
+    if spec.task == "embedding":  # a sentence encoder: no prompt, no adapter, float32
+        if spec.model is None:
+            raise ModelsConfigError(f"{where}: task embedding needs the model to load "
+                                    "(all-minilm-l6-v2 or a checkpoint directory)")
+        for name in ("adapter", "context_path"):
+            if getattr(spec, name) is not None:
+                raise ModelsConfigError(f"{where}.{name}: an embedding model (task embedding) "
+                                        f"takes no {name}")
+        if spec.dtype not in ("auto", "float32"):
+            raise ModelsConfigError(f"{where}.dtype: an embedding model (task embedding) runs "
+                                    f"in float32, got {spec.dtype!r}")
     return spec
 
 

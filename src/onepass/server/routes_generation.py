@@ -32,7 +32,7 @@ from onepass.server.body import read_json
 from onepass.server.context import StrictJSONResponse, log_fields, request_id
 from onepass.server.errors import STATUS_BY_KIND, ApiError, ClientGone, retry_headers
 from onepass.server.response_store import ResponseStore, Stored
-from onepass.server.runtime import Runtime
+from onepass.server.runtime import Runtime, is_embedding
 from onepass.server.settings import ServerSettings
 
 log = logging.getLogger("onepass.server")
@@ -706,30 +706,52 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @app.post("/v1/embeddings", dependencies=auth, tags=_TAGS,
               responses=_ok(S.EmbeddingResponseModel),
               openapi_extra=_body_spec("EmbeddingRequestModel"),
-              summary="OpenAI Embeddings: the served model's mean-pooled final hidden states "
-              "(a decoder, not a trained sentence encoder)")
+              summary="OpenAI Embeddings: a sentence-embedding model's vectors (task "
+              "embedding), or a decoder's mean-pooled final hidden states")
     @_openai_errors
     async def embeddings(request: Request) -> Response:
+        rt.require_engine(task=None)  # ready (or a 503) before the body is read
         raw = await read_json(request, settings)
         req = W.parse_embeddings(raw)
-        engine, model = resolve(req.model)
-        backend = engine.backend
-        if not hasattr(backend, "embed"):
+        # without a model: the first embedding model, else the default decoder
+        engine = rt.engine_for(req.model, task="embedding")
+        model, backend = engine.served_name, engine.backend
+        encoder = is_embedding(engine)
+        if not encoder and not hasattr(backend, "embed"):
             raise ContractError("model", f"model {model!r} has no embedding support")
-        width = getattr(getattr(backend, "config", None), "hidden_size", None)
+        width = (backend.dimensions if encoder
+                 else getattr(getattr(backend, "config", None), "hidden_size", None))
         if req.dimensions is not None and width is not None and req.dimensions > width:
-            raise ContractError("dimensions", f"expected at most {width} (the model's hidden "
-                                f"size), got {req.dimensions}")
-        limit = min(engine.generator.max_input_tokens, backend.context_length)
-        encoded = []
-        for i, item in enumerate(req.inputs):
-            ids = (engine.generator.text_prompt(item, f"input[{i}]") if isinstance(item, list)
-                   else await asyncio.to_thread(backend.encode, item))
-            if len(ids) > limit:
-                raise ContractError(f"input[{i}]", f"{len(ids)} tokens, over the limit of "
-                                    f"{limit}; nothing is truncated")
-            encoded.append(ids)
-        vectors = await rt.run(request, lambda: [backend.embed(ids) for ids in encoded], engine)
+            raise ContractError("dimensions", f"expected at most {width} (the model's "
+                                f"{'embedding' if encoder else 'hidden'} size), got "
+                                f"{req.dimensions}")
+        if encoder:
+            encoded = []
+            for i, item in enumerate(req.inputs):
+                if isinstance(item, list) and max(item) >= backend.vocab_size:
+                    raise ContractError(f"input[{i}]", f"token id {max(item)} is outside the "
+                                        f"model's vocabulary of {backend.vocab_size}")
+                encoded.append(backend.wrap(item) if isinstance(item, list)
+                               else await asyncio.to_thread(backend.encode, item))
+            for i, ids in enumerate(encoded):  # refused, never truncated
+                if len(ids) > backend.max_tokens:
+                    raise ContractError(f"input[{i}]", f"{len(ids)} tokens, over the embedding "
+                                        f"model's limit of {backend.max_tokens}; nothing is "
+                                        "truncated")
+            vectors = await rt.run(request, lambda: backend.embed(encoded), engine)
+        else:
+            limit = min(engine.generator.max_input_tokens, backend.context_length)
+            encoded = []
+            for i, item in enumerate(req.inputs):
+                ids = (engine.generator.text_prompt(item, f"input[{i}]")
+                       if isinstance(item, list)
+                       else await asyncio.to_thread(backend.encode, item))
+                if len(ids) > limit:
+                    raise ContractError(f"input[{i}]", f"{len(ids)} tokens, over the limit of "
+                                        f"{limit}; nothing is truncated")
+                encoded.append(ids)
+            vectors = await rt.run(request, lambda: [backend.embed(ids) for ids in encoded],
+                                   engine)
         tokens = sum(len(ids) for ids in encoded)
         log_fields(request).update(model=model, input_tokens=tokens)
         return StrictJSONResponse(W.embeddings_response(model, vectors, req, tokens))

@@ -33,7 +33,9 @@ class Runtime:
         self.settings = settings
         self.metrics = Metrics()
         self.created = time.monotonic()
-        self.engines: dict[str, Any] = {}  # served name -> engine; the first is the default
+        # served name -> engine (a DecisionEngine, or an EmbeddingEngine for task embedding);
+        # the first generation model is the default
+        self.engines: dict[str, Any] = {}
         self.schedulers: dict[str, Scheduler] = {}
         self.loader: Callable[[], Any] | None = None
         self.load_error: str | None = None
@@ -51,7 +53,7 @@ class Runtime:
             ready=lambda: 1.0 if self.ready else 0.0,
             cache_stats=self._cache_stats,
         )
-        if hasattr(source, "answer") or _is_engine_list(source):
+        if _is_model(source) or _is_engine_list(source):
             self._set_engines(source)
         elif callable(source):
             self.loader = source
@@ -63,8 +65,10 @@ class Runtime:
 
     @property
     def engine(self) -> Any:
-        """The default model (the first served): what a request without a model gets."""
-        return next(iter(self.engines.values()), None)
+        """The default model (the first generation model served; the first model when all
+        are embedding models): what a request without a model gets."""
+        return next((e for e in self.engines.values() if not is_embedding(e)),
+                    next(iter(self.engines.values()), None))
 
     @property
     def ready(self) -> bool:
@@ -142,9 +146,10 @@ class Runtime:
         self._load_thread = threading.Thread(target=load, name="onepass-load", daemon=True)
         self._load_thread.start()
 
-    def require_engine(self, model: str | None = None) -> Any:
+    def require_engine(self, model: str | None = None, *, task: str | None = "generate") -> Any:
         """The engine serving ``model`` (the default one when None or a ``jev-*`` alias of
-        it); an unknown name is a 404 before any work, and so is one while loading."""
+        it); an unknown name is a 404 before any work, and so is one while loading. ``task``
+        as in :meth:`engine_for`."""
         if self.draining:
             self.metrics.shed.labels("shutting_down").inc()
             raise ApiError.of(
@@ -161,24 +166,42 @@ class Runtime:
                 "retry shortly",
                 headers=retry_headers(2.0),
             )
-        return self.engine if model is None else self.engine_for(model)
+        return self.engine_for(model, task=task)
 
-    def engine_for(self, model: str | None) -> Any:
+    def engine_for(self, model: str | None, *, task: str | None = "generate") -> Any:
         """The engine serving ``model``, by name only: for a request already admitted (its
-        readiness was checked when it arrived; a drain since then must not refuse it)."""
+        readiness was checked when it arrived; a drain since then must not refuse it).
+
+        ``task="generate"`` (decisions, generation) refuses an embedding model with a 400
+        naming ``model``; ``task="embedding"`` takes any model (a decoder embeds by pooling)
+        and, without a name, the first embedding model; ``None`` takes any model."""
         if model is None:
-            return self.engine
-        if model in self.engines:
-            return self.engines[model]
-        if resolves_to(model, self.engine.served_name):
-            return self.engine
-        raise ApiError.of(
-            "model_not_found",
-            f"model: unknown model {model!r}: this server serves "
-            f"{', '.join(repr(n) for n in self.engines)} (the first also as 'jev-latest' or "
-            "any 'jev-*' name)",
-            field="model",
-        )
+            engine = self.engine
+            if task == "embedding":
+                engine = next((e for e in self.engines.values() if is_embedding(e)), engine)
+        elif model in self.engines:
+            engine = self.engines[model]
+        elif resolves_to(model, self.engine.served_name):
+            engine = self.engine
+        else:
+            raise ApiError.of(
+                "model_not_found",
+                f"model: unknown model {model!r}: this server serves "
+                f"{', '.join(repr(n) for n in self.engines)} (the default, "
+                f"{self.engine.served_name!r}, also as 'jev-latest' or any 'jev-*' name)",
+                field="model",
+            )
+        if task == "generate" and is_embedding(engine):
+            others = [n for n, e in self.engines.items() if not is_embedding(e)]
+            raise ApiError.of(
+                "invalid_request_error",
+                f"model: model {engine.served_name!r} is an embedding model; it serves only "
+                "POST /v1/embeddings. " + (
+                    f"Name a generation model: {', '.join(repr(n) for n in others)}" if others
+                    else "This server serves no generation model"),
+                field="model",
+            )
+        return engine
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,9 +304,18 @@ class Runtime:
         return result
 
 
+def is_embedding(engine: Any) -> bool:
+    """A model served with ``task: embedding`` (a sentence encoder: /v1/embeddings only)."""
+    return getattr(engine, "task", "generate") == "embedding"
+
+
+def _is_model(source: Any) -> bool:
+    return hasattr(source, "answer") or (is_embedding(source) and hasattr(source, "backend"))
+
+
 def _is_engine_list(source: Any) -> bool:
     return isinstance(source, (list, tuple)) and bool(source) and all(
-        hasattr(e, "answer") for e in source)
+        _is_model(e) for e in source)
 
 
 def _engine_cache_stats(engine: Any) -> Any:
