@@ -28,6 +28,16 @@ def serve(args: Sequence[str], log_path: Path, *, ready_seconds: float = 240,
           env: dict[str, str] | None = None, port: int | None = None) -> Iterator[str]:
     """``onepass serve ARGS`` on ``port`` (default: a free one); yields its URL once /health is
     200, and stops it with SIGTERM (then SIGKILL) afterwards. The log goes to ``log_path``."""
+    with serve_process(args, log_path, ready_seconds=ready_seconds, env=env, port=port) as (
+            url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serve_process(args: Sequence[str], log_path: Path, *, ready_seconds: float = 240,
+                  env: dict[str, str] | None = None, port: int | None = None
+                  ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`serve`, yielding the process too (a test that kills a worker mid-run)."""
     port = port or free_port()
     environ = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log_path, "a") as log:
@@ -47,7 +57,7 @@ def serve(args: Sequence[str], log_path: Path, *, ready_seconds: float = 240,
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield url
+        yield url, proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -36,7 +36,7 @@ def test_sglang_body_and_parse_pinned():
         "input_ids": [[1, 2, 3, 10], [1, 2, 3, 11, 12]],
         "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1},
         "return_logprob": True, "logprob_start_len": -1,
-        "token_ids_logprob": [[65, 66], [65, 66, 67]],
+        "token_ids_logprob": [65, 66, 67],  # one flat list: sglang-router refuses a list each
     }
     answer = [
         {"text": "A", "meta_info": {"id": "a", "prompt_tokens": 4, "completion_tokens": 1,
@@ -96,12 +96,19 @@ def test_llama_server_body_and_parse_pinned():
     assert cached == 2
 
 
-def test_echo_body_and_parse():
-    assert D.echo_score_body([5, 6])["max_tokens"] == 0
+def test_onepass_bodies_and_parse():
+    assert D.echo_tokenize_body("m", "abc") == {"model": "m", "prompt": "abc", "max_tokens": 0,
+                                                "echo": True, "logprobs": 0}
     answer = {"choices": [{"logprobs": {"tokens": ["a", "b", "c"],
                                         "token_logprobs": [None, -1.0, -2.5]}}]}
-    assert D.echo_parse_score(answer, [1, 2, 3]) == -2.5
     assert D.echo_parse_tokens(answer) == ["a", "b", "c"]
+    assert D.onepass_score_body(PROMPTS, CANDS) == {
+        "input_ids": PROMPTS, "sampling_params": {"max_new_tokens": 0},
+        "token_ids_logprob": [65, 66, 67]}
+    worker = [{"meta_info": {"cached_tokens": 3, "output_token_ids_logits": [
+        [[1.5, 65, None], [0.5, 66, None], [-1.0, 67, None]]]}}] * 2
+    logits, cached = D.sglang_parse_score(worker, CANDS, "output_token_ids_logits")
+    assert logits == [[1.5, 0.5], [1.5, 0.5, -1.0]] and cached == [3, 3]
 
 
 # --------------------------------------------------------------------------- the backend
@@ -136,13 +143,14 @@ def test_sglang_backend_round_trip_and_tokenizer_check():
         if request.url.path == "/tokenize":
             return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
         items = [{"meta_info": {"cached_tokens": 2, "output_token_ids_logprobs": [
-            [[-float(k + 1), c, None] for k, c in enumerate(cands)]]}}
-            for cands in body["token_ids_logprob"]]
+            [[-float(c - 64), c, None] for c in body["token_ids_logprob"]]]}}
+            for _ in body["input_ids"]]
         return httpx.Response(200, json=items)
 
     backend = _backend(handler)
     result = backend.score([1, 2], [[3], [4, 5]], [[65, 66], [67, 68, 69]])
-    assert result.logits == [[-1.0, -2.0], [-1.0, -2.0, -3.0]]
+    assert result.logits == [[-1.0, -2.0], [-3.0, -4.0, -5.0]]
+    assert seen[-1][1]["token_ids_logprob"] == [65, 66, 67, 68, 69]
     assert result.cached_tokens == 2
     assert seen[-1][1]["input_ids"] == [[1, 2, 3], [1, 2, 4, 5]]  # every branch, one call
 

@@ -65,8 +65,7 @@ def test_onepass_worker_as_remote_engine_kill_and_recover(engine, reference, tmp
         front = DecisionEngine(remote)
         agree, tv = _agreement(_distributions(front), reference)
         print(f"onepass worker vs in-process: agreement {agree:.3f}, mean TV {tv:.5f}")
-        # the same model: the worker's echo path is a plain full forward, the reference the
-        # packed fast path (both float32 here)
+        # the same model and the same packed fast path (the worker's POST /generate), float32
         assert agree >= 0.95 and tv <= 0.05
         assert remote.health()[0]
     assert not remote.health()[0]  # the worker is gone: /health-style probe says so

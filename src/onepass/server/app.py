@@ -1,8 +1,9 @@
 """The System One HTTP server: ``create_app(engine_or_loader, settings)``.
 
 Routes: ``POST /v1/systemone``, ``POST /v1/decisions``, ``GET /v1/models``, ``GET /health``,
-``GET /health/live``, ``GET /metrics``, ``GET /.skill`` (how to call each, for an LLM agent), and
-the OpenAPI document at ``/openapi.json`` (``/docs`` renders it).
+``GET /health/live``, ``GET /metrics``, ``GET /.skill`` (how to call each, for an LLM agent),
+``POST /generate`` (token-id scoring in SGLang's shape, for a worker behind sglang-router:
+``generate_compat``), and the OpenAPI document at ``/openapi.json`` (``/docs`` renders it).
 
 The request path: auth → readiness → body (size cap, Content-Encoding decoded with a cap on
 the decoded size) → JSON (duplicate keys refused) → contract validation (a decisions schema is
@@ -55,6 +56,8 @@ from onepass.server.context import (
     request_id,
 )
 from onepass.server.errors import ApiError, from_contract, retry_headers
+from onepass.server.generate_compat import GenerateScoringRequest
+from onepass.server.generate_compat import register as register_generate_compat
 from onepass.server.openai_schema import REQUEST_MODELS as GENERATION_REQUEST_MODELS
 from onepass.server.playground import register as register_playground
 from onepass.server.routes_generation import register as register_generation
@@ -362,6 +365,7 @@ def create_app(
         })
 
     register_generation(app, rt, settings, auth)  # OpenAI chat, completions, responses
+    register_generate_compat(app, rt, settings, auth)  # POST /generate: behind sglang-router
     register_playground(app, settings)  # GET /: the playground page (off: --no-playground)
     register_skill(app, settings)  # GET /.skill: how to call every route, for an LLM agent
 
@@ -404,7 +408,7 @@ def create_app(
         doc = get_openapi(title=app.title, version=app.version, summary=app.summary,
                           routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (SystemOneRequestModel, DecisionsRequestModel,
+        for model in (SystemOneRequestModel, DecisionsRequestModel, GenerateScoringRequest,
                       *GENERATION_REQUEST_MODELS.values()):
             schema = model.model_json_schema(
                 ref_template="#/components/schemas/{model}", by_alias=True

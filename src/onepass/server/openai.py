@@ -124,6 +124,10 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "truncation": ("disabled",), "text": ({}, {"format": {"type": "text"}}),
     "reasoning": ({}, {"effort": None}, {"effort": "none"}), "suffix": ("",), "best_of": (1,),
     "store": (False,),
+    # what sglang-router (0.3.2) writes into every OpenAI request it forwards, at its defaults
+    "no_stop_trim": (False,), "skip_special_tokens": (True,),
+    "return_hidden_states": (False,), "continue_final_message": (False,),
+    "separate_reasoning": (True,), "stream_reasoning": (True,),
 }
 
 

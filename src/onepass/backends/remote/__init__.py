@@ -141,8 +141,7 @@ class RemoteBackend:
         if self.engine == "llama-server":
             body = self._post("/tokenize", D.llama_server_tokenize_body(text))
             return list(D._need(body, "tokens"))
-        body = self._post("/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True,
-                                              "logprobs": 0})
+        body = self._post("/v1/completions", D.echo_tokenize_body(self.model, text))
         return D.echo_parse_tokens(body)
 
     def verify_tokenizer(self) -> None:
@@ -188,13 +187,10 @@ class RemoteBackend:
                 return self._read(D.llama_server_parse_score, body, candidates[i])
             results = list(self._pool.map(one, range(len(prompts))))
             return [r[0] for r in results], min(r[1] for r in results)
-        flat = D.appended(prompts, candidates)
-
-        def echo(prompt: list[int]) -> float:
-            body = self._post("/v1/completions", D.echo_score_body(prompt))
-            return self._read(D.echo_parse_score, body, prompt)
-        values = list(self._pool.map(echo, flat))
-        return D._regroup(values, candidates), 0
+        body = self._post("/generate", D.onepass_score_body(prompts, candidates))
+        logits, cached = self._read(D.sglang_parse_score, body, candidates,
+                                    "output_token_ids_logits")
+        return logits, min(cached) if cached else 0
 
     def _read(self, parse: Any, body: Any, *args: Any) -> Any:
         try:

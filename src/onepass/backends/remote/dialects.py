@@ -6,7 +6,9 @@ good as logits):
 
 * ``sglang`` — native ``POST /generate`` with ``input_ids`` (a batch: every branch in one call),
   ``return_logprob`` and ``token_ids_logprob`` (``GenerateReqInput``, sglang >= 0.4.3); reads
-  ``meta_info.output_token_ids_logprobs[0]`` and ``meta_info.cached_tokens``.
+  ``meta_info.output_token_ids_logprobs[0]`` and ``meta_info.cached_tokens``. The asked ids are
+  one flat list (every candidate of every branch) that SGLang applies to each prompt: the
+  typed ``/generate`` of sglang-router 0.3.2 refuses one list per prompt (HTTP 422).
 * ``vllm`` — OpenAI ``POST /v1/completions`` with a batch of token-id prompts, each the decision
   prompt plus one candidate, and vLLM's ``prompt_logprobs: 0`` extra parameter (>= 0.4; the
   actual prompt token is always in the returned dict, so the candidate's logprob is exact);
@@ -17,10 +19,11 @@ good as logits):
   are the model's; everything else is left with < e^-bias of the mass. ``tokens_cached``.
 * (llama-cpp-python's own OpenAI server is not an engine here: its ``/v1/completions`` takes
   text prompts only, and a decision prompt must reach the engine as exactly its token ids.)
-* ``onepass`` — a onepass worker's ``/v1/completions`` scoring path (``max_tokens: 0``,
-  ``echo``, ``logprobs: 0``), the same candidate-appended prompt: exact, but one request per
-  candidate (the worker takes one prompt per request) and the worker's echo path runs a full
-  forward without its prefix cache — a scoring extension on the worker would remove both.
+* ``onepass`` — a onepass worker's ``POST /generate`` (``server/generate_compat.py``): the same
+  body as ``sglang`` (so sglang-router forwards it), answered by the worker's packed fast path
+  through its prefix cache; reads ``meta_info.output_token_ids_logits[0]`` (logits, not
+  log-probabilities: the restricted softmax is invariant to the difference). The tokenizer is
+  checked by echo: ``/v1/completions`` with a text prompt, ``max_tokens: 0``, ``logprobs: 0``.
 """
 
 from __future__ import annotations
@@ -56,6 +59,11 @@ def _logprob(value: Any) -> float:
 # --------------------------------------------------------------------------- SGLang
 
 
+def union(candidates: Sequence[Sequence[int]]) -> list[int]:
+    """Every candidate id once, in first-seen order: the flat ``token_ids_logprob``."""
+    return list(dict.fromkeys(c for cands in candidates for c in cands))
+
+
 def sglang_score_body(prompts: Sequence[Sequence[int]],
                       candidates: Sequence[Sequence[int]]) -> dict[str, Any]:
     return {
@@ -63,18 +71,27 @@ def sglang_score_body(prompts: Sequence[Sequence[int]],
         "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1},
         "return_logprob": True,
         "logprob_start_len": -1,
-        "token_ids_logprob": [list(c) for c in candidates],
+        "token_ids_logprob": union(candidates),
     }
 
 
-def sglang_parse_score(body: Any, candidates: Sequence[Sequence[int]]
+def onepass_score_body(prompts: Sequence[Sequence[int]],
+                       candidates: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """onepass worker ``/generate``: SGLang's scoring body; nothing is generated."""
+    return {"input_ids": [list(p) for p in prompts], "sampling_params": {"max_new_tokens": 0},
+            "token_ids_logprob": union(candidates)}
+
+
+def sglang_parse_score(body: Any, candidates: Sequence[Sequence[int]],
+                       key: str = "output_token_ids_logprobs"
                        ) -> tuple[list[list[float]], list[int]]:
+    """Candidate values per prompt (``key``: SGLang's logprobs, a onepass worker's logits)."""
     items = body if isinstance(body, list) else [body]
     if len(items) != len(candidates):
         raise DialectError(f"sent {len(candidates)} prompts, the engine answered {len(items)}")
     logits, cached = [], []
     for item, cands in zip(items, candidates):
-        first = _need(item, "meta_info", "output_token_ids_logprobs", 0)
+        first = _need(item, "meta_info", key, 0)
         by_id = {int(entry[1]): _logprob(entry[0]) for entry in first}
         missing = [c for c in cands if c not in by_id]
         if missing:
@@ -132,17 +149,10 @@ def vllm_tokenize_body(model: str, text: str) -> dict[str, Any]:
     return {"model": model, "prompt": text, "add_special_tokens": False}
 
 
-def echo_score_body(prompt: Sequence[int]) -> dict[str, Any]:
-    """onepass: score one candidate-appended prompt by echo (max_tokens 0: nothing generated)."""
-    return {"prompt": list(prompt), "max_tokens": 0, "echo": True, "logprobs": 0,
-            "temperature": 0.0}
-
-
-def echo_parse_score(body: Any, prompt: Sequence[int]) -> float:
-    values = _need(body, "choices", 0, "logprobs", "token_logprobs")
-    if len(values) < len(prompt):
-        raise DialectError(f"{len(values)} echoed logprobs for a {len(prompt)}-token prompt")
-    return _logprob(values[len(prompt) - 1])
+def echo_tokenize_body(model: str, text: str) -> dict[str, Any]:
+    """onepass: the worker's tokenization of ``text``, echoed (a text prompt and a model name,
+    as sglang-router's typed ``/v1/completions`` requires)."""
+    return {"model": model, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 0}
 
 
 def echo_parse_tokens(body: Any) -> list[str]:
