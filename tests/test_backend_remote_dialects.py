@@ -155,6 +155,35 @@ def test_sglang_backend_round_trip_and_tokenizer_check():
     assert seen[-1][1]["input_ids"] == [[1, 2, 3], [1, 2, 4, 5]]  # every branch, one call
 
 
+def test_sglang_tokenizer_check_behind_sglang_router():
+    """sglang-router 0.3.2 forwards no /tokenize (404): the check reads the ids SGLang's
+    /generate reports for a text prompt (``meta_info.input_token_logprobs``, first logprob
+    null), BOS dropped."""
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(request.url.path)
+        if request.url.path == "/tokenize":
+            return httpx.Response(404, text="Not Found")
+        ids = [1, *(ord(c) for c in body["text"])]
+        return httpx.Response(200, json={"text": "x", "meta_info": {"input_token_logprobs": [
+            [None if k == 0 else -1.0, t, None] for k, t in enumerate(ids)]}})
+
+    class BosTok(_Tok):
+        bos_token_id = 1
+
+        def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+            return {"input_ids": [1] * add_special_tokens + [ord(c) for c in text]}
+
+    client = httpx.Client(base_url="http://router", transport=httpx.MockTransport(handler))
+    backend = RemoteBackend("sglang", "http://router", BosTok(), name="m", client=client)
+    assert seen[:2] == ["/tokenize", "/generate"] and backend.bos_id == 1
+    assert D.sglang_parse_text_tokens({"meta_info": {"input_token_logprobs": [
+        [None, 1, None], [-0.5, 7, None]]}}, 1) == [7]
+    assert D.sglang_text_tokens_body("hi")["logprob_start_len"] == 0
+
+
 def test_tokenizer_mismatch_refuses_naming_the_first_token():
     def handler(request: httpx.Request) -> httpx.Response:
         text = json.loads(request.content)["prompt"]

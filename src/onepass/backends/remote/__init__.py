@@ -30,10 +30,12 @@ PROBE_TEXTS = (
 class EngineError(ApiError):
     """A remote engine failure, rendered by the server as 502/503/504 (never a 500)."""
 
-    def __init__(self, status: int, message: str, *, retry_after: float | None = None):
+    def __init__(self, status: int, message: str, *, retry_after: float | None = None,
+                 upstream: int | None = None):
         kind = {503: "engine_unavailable", 504: "engine_timeout"}.get(status, "engine_error")
         headers = retry_headers(retry_after) if retry_after else None
         super().__init__(status, message, kind, headers=headers)
+        self.upstream = upstream  # the engine's own HTTP status, when it answered one
 
 
 class RemoteBackend:
@@ -98,7 +100,8 @@ class RemoteBackend:
                               f"({_excerpt(response)})", retry_after=5.0)
         if response.status_code >= 400:
             raise EngineError(502, f"the {self.engine} engine answered {path} with HTTP "
-                              f"{response.status_code}: {_excerpt(response)}")
+                              f"{response.status_code}: {_excerpt(response)}",
+                              upstream=response.status_code)
         try:
             return response.json()
         except ValueError:
@@ -134,7 +137,15 @@ class RemoteBackend:
     def remote_tokens(self, text: str) -> list[int] | list[str]:
         """The engine's tokenization of ``text`` (ids; token texts for onepass)."""
         if self.engine == "sglang":
-            return list(D._need(self._post("/tokenize", D.sglang_tokenize_body(text)), "tokens"))
+            try:
+                body = self._post("/tokenize", D.sglang_tokenize_body(text))
+                return list(D._need(body, "tokens"))
+            except EngineError as exc:
+                if exc.upstream != 404:
+                    raise
+            # sglang-router forwards no /tokenize: the ids SGLang reports for a text prompt
+            body = self._post("/generate", D.sglang_text_tokens_body(text))
+            return self._read(D.sglang_parse_text_tokens, body, self.bos_id)
         if self.engine == "vllm":
             body = self._post("/tokenize", D.vllm_tokenize_body(self.model, text))
             return list(D._need(body, "tokens"))

@@ -105,6 +105,21 @@ def sglang_tokenize_body(text: str) -> dict[str, Any]:
     return {"prompt": text, "add_special_tokens": False}
 
 
+def sglang_text_tokens_body(text: str) -> dict[str, Any]:
+    """SGLang's tokenization of ``text`` where ``/tokenize`` is not reachable (behind
+    sglang-router 0.3.2): the input token ids ``/generate`` reports with their logprobs."""
+    return {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True, "logprob_start_len": 0}
+
+
+def sglang_parse_text_tokens(body: Any, bos_id: int | None) -> list[int]:
+    """``meta_info.input_token_logprobs`` entries ``[logprob, id, text]`` → ids, without the
+    BOS SGLang adds to a text prompt (the check compares the text's own tokens)."""
+    item = body[0] if isinstance(body, list) else body
+    ids = [int(entry[1]) for entry in _need(item, "meta_info", "input_token_logprobs")]
+    return ids[1:] if bos_id is not None and ids[:1] == [bos_id] else ids
+
+
 # --------------------------------------------------------------------------- OpenAI-style
 
 
