@@ -1,10 +1,18 @@
-"""Median latency of a 16-question request on a ~512-token state, miss and hit, per backend.
+"""Median latency of a 16-question request on a ~512-token state, miss and hit, per backend;
+and scale-out routing.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/backends.py [--model ALIAS] [--reps 5]
         [--backends torch,llamacpp,llama-cpp-python] [--strategies]
+    .venv/bin/python benchmarks/backends.py --routing [--states 8 --repeats 4 --concurrency 4]
 
 ``--strategies`` also times the llamacpp suffix strategies (one batch of sequences copied from
-the prefix vs decode-and-truncate per suffix). Printed ratios from one run; never asserted.
+the prefix vs decode-and-truncate per suffix). ``--routing`` starts two `onepass serve` workers
+(embedded model) and the real sglang-router over them, once with ``cache_aware`` and once with
+``round_robin``, and sends the same workload through each — every state asked ``--repeats``
+times, shuffled, ``--concurrency`` at a time, from a remote-backend front-end in this process
+— printing the workers' prefix-cache hit rate (exact hits per request) and the throughput.
+Each policy gets its own states, so neither reads the other's cache. Printed ratios from one
+run; never asserted.
 """
 
 from __future__ import annotations
@@ -44,13 +52,77 @@ def timed(engine, reps: int) -> tuple[float, float]:
     return statistics.median(miss), statistics.median(hit)
 
 
+def routing(args: argparse.Namespace) -> None:
+    """cache_aware vs round_robin over two onepass workers: hit rate and throughput."""
+    import contextlib
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_process import serve_process
+    from test_router import router, state_request, worker_counts
+    from transformers import AutoTokenizer
+
+    from onepass.backends.remote import RemoteBackend
+    from onepass.engine import DecisionEngine
+    from onepass.models import resolve
+
+    logs = Path("/tmp/onepass_bench_routing")
+    logs.mkdir(exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(resolve(args.model).path)
+    rows = []
+    with contextlib.ExitStack() as stack:
+        workers = [stack.enter_context(serve_process([], logs / f"worker{i}.log"))[0]
+                   for i in range(2)]
+        for p, policy in enumerate(("cache_aware", "round_robin")):
+            with router(workers, logs / f"router-{policy}.log", policy=policy) as url:
+                remote = RemoteBackend("onepass", url, tok, name=resolve(args.model).name)
+                front = DecisionEngine(remote)
+                base = 10_000 * (p + 1)  # this policy's own states
+                for n in range(2):  # warm both workers' code paths (not counted)
+                    front.answer(state_request(base + 900 + n))
+                work = [base + s for s in range(args.states) for _ in range(args.repeats)]
+                random.Random(0).shuffle(work)
+                before = [worker_counts(w) for w in workers]
+                t = time.perf_counter()
+                with ThreadPoolExecutor(args.concurrency) as pool:
+                    requests = [state_request(n) for n in work]
+                    done = list(pool.map(front.answer, requests))
+                seconds = time.perf_counter() - t
+                after = [worker_counts(w) for w in workers]
+                hits = sum(a["hits"] - b["hits"] for a, b in zip(after, before))
+                calls = [int(a["generate"] - b["generate"]) for a, b in zip(after, before)]
+                cached = sum(d["usage"]["cached_tokens"] for d in done)
+                prompt = sum(d["usage"]["input_tokens"] for d in done)
+                rows.append((policy, hits / len(work), cached / prompt, len(work) / seconds,
+                             calls))
+                remote.close()
+    ideal = (args.repeats - 1) / args.repeats
+    print(f"{args.states} states x {args.repeats} repeats, shuffled, concurrency "
+          f"{args.concurrency}, two workers (best possible hit rate {ideal:.2f})\n")
+    print("| policy | exact prefix-cache hits / request | cached / input tokens | "
+          "requests/s | /generate per worker |\n|---|---|---|---|---|")
+    for policy, rate, share, rps, calls in rows:
+        print(f"| {policy} | {rate:.2f} | {share:.2f} | {rps:.2f} | {calls} |")
+    (ca, rr) = rows
+    print(f"\ncache_aware / round_robin: hit rate x{ca[1] / max(rr[1], 1e-9):.2f}, "
+          f"throughput x{ca[3] / rr[3]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backends", default="torch,llamacpp,llama-cpp-python")
     ap.add_argument("--strategies", action="store_true")
+    ap.add_argument("--routing", action="store_true",
+                    help="cache_aware vs round_robin through sglang-router over two workers")
+    ap.add_argument("--states", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
+    if args.routing:
+        routing(args)
+        return
     from onepass.engine import DecisionEngine
 
     rows = []
