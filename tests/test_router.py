@@ -193,3 +193,16 @@ def test_a_dead_worker_is_routed_around(topology):
             _probs(topology["answers"][n]["answers"]), abs=1e-4), n
     assert worker_counts(survivor_url)["generate"] - before == len(placement)
     assert httpx.get(topology["front"] + "/health", timeout=10).status_code == 200
+    # the last worker dies too: the router's /health stays 200 (its liveness), its /readiness
+    # turns 503, and so do the front-end's /health and its answers (retry-after), never a 500
+    topology["workers"][1][1].kill()
+    topology["workers"][1][1].wait(10)
+    deadline = time.monotonic() + 30
+    while httpx.get(topology["router"] + "/readiness", timeout=5).status_code == 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.25)
+    assert httpx.get(topology["router"] + "/health", timeout=5).status_code == 200
+    assert httpx.get(topology["front"] + "/health", timeout=10).status_code == 503
+    down = httpx.post(topology["front"] + "/v1/systemone", json=state_request(0), timeout=60)
+    assert down.status_code == 503, down.text
+    assert down.json()["error"]["type"] == "engine_unavailable" and down.headers["retry-after"]

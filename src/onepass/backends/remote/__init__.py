@@ -109,14 +109,19 @@ class RemoteBackend:
                               f"that is not JSON: {_excerpt(response)}") from None
 
     def health(self) -> tuple[bool, str]:
-        """(ok, detail): whether the engine answers its health route now."""
-        path = {"vllm": "/health", "sglang": "/health", "llama-server": "/health",
-                "onepass": "/health"}[self.engine]
-        try:
-            response = self.client.get(path, timeout=min(5.0, self.timeout))
-        except Exception as exc:  # any transport fault means "not healthy now"
-            return False, f"{exc.__class__.__name__}: {exc}"
-        return response.status_code == 200, f"HTTP {response.status_code}"
+        """(ok, detail): whether the engine answers its health route now. SGLang and onepass
+        engines may sit behind sglang-router, whose ``/health`` is 200 while no worker is
+        healthy: its ``/readiness`` (503 then) is asked first; 404 there means no router."""
+        paths = ("/readiness", "/health") if self.engine in ("sglang", "onepass") else (
+            "/health",)
+        for path in paths:
+            try:
+                response = self.client.get(path, timeout=min(5.0, self.timeout))
+            except Exception as exc:  # any transport fault means "not healthy now"
+                return False, f"{exc.__class__.__name__}: {exc}"
+            if response.status_code != 404:
+                break  # a router's readiness, or the engine's own health
+        return response.status_code == 200, f"{path}: HTTP {response.status_code}"
 
     # ------------------------------------------------------------------ tokenizer
 
