@@ -206,3 +206,45 @@ def test_a_dead_worker_is_routed_around(topology):
     down = httpx.post(topology["front"] + "/v1/systemone", json=state_request(0), timeout=60)
     assert down.status_code == 503, down.text
     assert down.json()["error"]["type"] == "engine_unavailable" and down.headers["retry-after"]
+
+
+def test_deploy_files_speak_the_real_clis():
+    """deploy/'s router and onepass commands parse with the real CLIs (the router's flags are
+    the 0.3.2 binary's), and every router probe path is one the router answers."""
+    import yaml
+
+    from onepass.cli import build_parser
+
+    if not router_available():
+        if running_in_ci():
+            pytest.fail("sglang-router is not installed; CI must run every test", pytrace=False)
+        pytest.skip("sglang-router is not installed (pip install sglang-router==0.3.2)")
+    from sglang_router.launch_router import parse_router_args
+
+    deploy = Path(__file__).resolve().parent.parent / "deploy"
+    commands: list[list[str]] = []
+    for name in ("docker-compose.scaleout.yml", "docker-compose.scaleout-cpu.yml"):
+        doc = yaml.safe_load((deploy / name).read_text().replace(
+            "${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}", "Qwen/Qwen2.5-0.5B-Instruct"))
+        for service in [doc["x-worker"], *doc["services"].values()]:
+            if isinstance(service.get("command"), str):
+                commands.append(service["command"].split())
+    routers = 0
+    for doc in yaml.safe_load_all((deploy / "k8s" / "scaleout.yaml").read_text()):
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            commands.append(container["args"])
+            if "router" in container["image"]:
+                assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
+                assert container["livenessProbe"]["httpGet"]["path"] == "/liveness"
+    parser = build_parser()
+    for args in commands:
+        if args[0] == "onepass":
+            parsed = parser.parse_args(args[1:])
+            assert parsed.port == 8080  # deploy/Dockerfile.cpu's HEALTHCHECK port
+        elif args[0].startswith("--"):  # the router image's entrypoint is launch_router
+            routers += 1
+            parsed = parse_router_args(args)
+            assert parsed.policy == "cache_aware" and len(parsed.worker_urls) == 2
+            assert parsed.health_check_endpoint == "/health"
+    assert routers == 3
