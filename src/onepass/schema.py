@@ -5,7 +5,25 @@ A schema compiles (pure, no torch) into fields with finite domains: ``enum``/``c
 booleans, score levels (``x-score`` or a bounded number with a step) and nested objects,
 flattened in order. A field with no finite domain is refused, naming it, unless it is declared
 open (``"x-open": true``): then one more candidate, the escape, is offered, and only when it wins
-is a JSON string generated, bounded and stopped at its closing quote.
+is a value generated (greedily; ``sample`` draws among the candidates only):
+
+* a string with no constraint, or ``maxLength`` alone, is generated freely, stopped at its
+  closing quote and cut at ``maxLength`` (which always satisfies it);
+* a string with ``pattern``, ``format`` or ``minLength`` is generated under the grammar engine
+  (:mod:`onepass.generate.grammar`, llguidance) with every one of its keywords, ``maxLength``
+  included, so the value validates; an ``enum`` beside them must obey them too;
+* an ``integer``/``number`` (no ``x-score``) is generated under the grammar within its
+  ``minimum``/``maximum``/``exclusive*``/``multipleOf`` and returned as a JSON number (an int
+  for ``integer``): directly without an ``enum``, through the escape with one. An enumerable
+  range without ``x-open`` stays score levels.
+
+The grammars are compiled for the model's vocabulary by :func:`plan_decisions`, before any
+model work: what llguidance cannot enforce (an unknown ``format``, look-around in a
+``pattern``) is a :class:`ContractError` naming the field and the keyword, never loosened. A
+string's prompt ends with ``lead + '"'`` exactly as on the free branch (the matcher is advanced
+past the quote); a number's ends before ``lead``, which its grammar then requires. A constrained
+value the token bound (``max_open_tokens``, ``maxLength + 1``) cuts before the grammar completes
+is refused (``max_tokens_exceeded``, 413, naming the field), never returned.
 
 Two execution modes compute different conditionals:
 
@@ -31,6 +49,7 @@ import copy
 import json
 import math
 import random
+import re
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +68,7 @@ if TYPE_CHECKING:
 
 Mode = Literal["sequential", "batch"]
 Kind = Literal["enum", "boolean", "score", "open"]
+ValueType = Literal["string", "integer", "number"]
 
 MODES = ("sequential", "batch")
 MAX_FIELDS = 256
@@ -75,6 +95,10 @@ many steps as the keys it copies, each declared value read a step. A ``$ref`` is
 (and paid for) wherever it is used, so a small schema whose references fan out exponentially
 is refused, naming where the budget ran out, instead of being expanded."""
 _UNSUPPORTED = ("allOf", "not", "if", "then", "else", "patternProperties")
+STRING_CONSTRAINTS = ("pattern", "format", "minLength")
+"""Keywords of an open string that cutting cannot guarantee: with any of them the open value
+is generated under the grammar engine (``maxLength`` included), never checked afterwards."""
+NUMBER_CONSTRAINTS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
 # --------------------------------------------------------------------------- values
@@ -155,6 +179,15 @@ class SchemaField:
     open: bool = False
     escape_text: str = DEFAULT_ESCAPE_TEXT
     max_length: int | None = None
+    value_type: ValueType = "string"
+    constraint: str | None = None
+    """The JSON Schema (compact JSON text) its generated value is held to by the grammar
+    engine while it is generated; None: an unconstrained string (stopped and cut, no grammar)."""
+
+    @property
+    def constrained(self) -> bool:
+        """Its open branch is generated under a grammar (see :data:`constraint`)."""
+        return self.constraint is not None
 
     @property
     def qtype(self) -> str:
@@ -195,14 +228,47 @@ class SchemaField:
         return min(max_open_tokens, self.max_length + 1)
 
     def contains(self, value: Any) -> bool:
-        """Whether ``value`` is in the field's domain (an open field admits bounded strings)."""
+        """Whether ``value`` is in the field's domain: a declared value, or for an open field
+        a value of its type within its bounds (length and ``pattern`` for strings, range for
+        numbers; ``format`` and ``multipleOf`` are left to the grammar that enforced them)."""
         if _value_id(value) in {_value_id(v) for v in self.values}:
             return True
-        return (
-            self.open
-            and isinstance(value, str)
-            and (self.max_length is None or len(value) <= self.max_length)
-        )
+        return self.open and _violation(self, value) is None
+
+
+def _violation(f: SchemaField, value: Any, pattern: bool = True) -> str | None:
+    """Why ``value`` is not a value the open branch of ``f`` may produce (None: it may).
+
+    Checked here: the JSON type, ``minLength``/``maxLength``, ``pattern`` (with Python's
+    ``re``, skipped for syntax it does not read, and with ``pattern=False``: a backtracking
+    match of a client's regex is no check to run inside a request) and the numeric bounds;
+    the grammar engine enforced all of it, ``format`` and ``multipleOf`` too, while
+    generating (and :func:`compile_constraints` checks declared values with it)."""
+    spec = json.loads(f.constraint) if f.constraint else {}
+    if f.value_type == "string":
+        if not isinstance(value, str):
+            return "is not a string"
+        if f.max_length is not None and len(value) > f.max_length:
+            return f"is longer than maxLength {f.max_length}"
+        if len(value) < spec.get("minLength", 0):
+            return f"is shorter than minLength {spec['minLength']}"
+        if pattern and "pattern" in spec:
+            try:
+                if re.search(spec["pattern"], value) is None:
+                    return f"does not match the pattern {spec['pattern']!r}"
+            except re.error:  # a regex dialect Python does not read: the grammar enforced it
+                pass
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is not {'an integer' if f.value_type == 'integer' else 'a number'}"
+    if f.value_type == "integer" and not (isinstance(value, int) or value.is_integer()):
+        return "is not an integer"
+    bounds = (("minimum", lambda b: value >= b), ("maximum", lambda b: value <= b),
+              ("exclusiveMinimum", lambda b: value > b), ("exclusiveMaximum", lambda b: value < b))
+    for key, ok in bounds:
+        if key in spec and not ok(spec[key]):
+            return f"is outside {key} {spec[key]}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -241,12 +307,13 @@ class CompiledSchema:
         return problems
 
 
-def _field_error(keys: Sequence[str], message: str) -> ContractError:
+def _field_error(keys: Sequence[str], message: str,
+                 kind: str = "invalid_request_error") -> ContractError:
     if not keys:
-        return ContractError("schema", message)
+        return ContractError("schema", message, kind=kind)
     path = ".".join(keys)
     where = "schema" + "".join(f".properties.{k}" for k in keys)
-    return ContractError(where, f"field '{path}': {message}")
+    return ContractError(where, f"field '{path}': {message}", kind=kind)
 
 
 def _types(node: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, ...]:
@@ -482,6 +549,9 @@ def _leaf(
         values = ([True, False] if "boolean" in types else []) + (
             [None] if "null" in types else [])
         kind = "boolean" if "boolean" in types else "enum"
+    elif types and set(types) <= {"number", "integer"} and is_open and score is False:
+        values, kind = [], "open"  # generated under its bounds, never enumerated
+        escape = open_flag if isinstance(open_flag, str) else DEFAULT_FREE_TEXT
     elif types and set(types) <= {"number", "integer"}:
         values = _range_levels(node, types, keys)
         kind = "score"
@@ -499,24 +569,26 @@ def _leaf(
                            "boolean, 'x-score' levels or a bounded number with a step")
     if score not in (False, True) and not isinstance(score, list):
         raise _field_error(keys, "'x-score' must be true (the enum is ordered) or a list of levels")
-    if is_open:
-        if kind in ("score", "boolean") or (types and "string" not in types):
-            raise _field_error(keys, "'x-open' applies to string fields (an enum or a string)")
-        for kw in ("pattern", "format", "minLength"):
-            if kw in node:
-                raise _field_error(keys, f"'{kw}' cannot be guaranteed for generated text")
+    numeric = bool(types) and set(types) <= {"number", "integer"}
+    value_type: ValueType = (("number" if "number" in types else "integer") if numeric
+                             else "string")
+    if is_open and (kind in ("score", "boolean") or (types and "string" not in types
+                                                     and not numeric)):
+        raise _field_error(keys, "'x-open' applies to string and number fields (an enum, a "
+                           "string, or a number or integer generated under its bounds)")
     max_length = node.get("maxLength")
     if max_length is not None and (
         isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0
     ):
         raise _field_error(keys, "'maxLength' must be a non-negative integer")
+    constraint = _constraint(node, keys, value_type, max_length) if is_open else None
     limit = MAX_SCORE_LEVELS if kind == "score" else MAX_ENUM_VALUES
     if len(values) > limit:
         raise _field_error(keys, f"at most {limit} values are supported, got {len(values)}")
     _check_distinct(values, keys)
     if is_open and escape in {value_text(v) for v in values}:
         raise _field_error(keys, f"the escape text {escape!r} is also a declared value")
-    return SchemaField(
+    leaf = SchemaField(
         path=".".join(keys),
         keys=keys,
         kind=kind,
@@ -525,8 +597,54 @@ def _leaf(
         descriptions=_descriptions(node, len(values), keys) if values else (),
         open=is_open,
         escape_text=escape,
-        max_length=max_length if is_open else None,
+        max_length=max_length if is_open and value_type == "string" else None,
+        value_type=value_type if is_open else "string",
+        constraint=constraint,
     )
+    if constraint is not None:  # enum and constraint together: every declared value obeys
+        for v in values:  # (pattern and format: by the grammar, in compile_constraints)
+            why = _violation(leaf, v, pattern=False)
+            if why is not None:
+                raise _field_error(keys, f"declared value {v!r} {why}: an open field's "
+                                   "constraints hold for its declared values too")
+    return leaf
+
+
+def _constraint(node: Mapping[str, Any], keys: Sequence[str], value_type: ValueType,
+                max_length: int | None) -> str | None:
+    """The JSON Schema an open value is generated under (compact text), or None for a string
+    the unconstrained branch serves exactly (no keyword, or ``maxLength`` alone: the text is
+    stopped and cut there, which always satisfies it)."""
+    if value_type == "string":
+        spec: dict[str, Any] = {"type": "string"}
+        for key in STRING_CONSTRAINTS:
+            if key not in node:
+                continue
+            raw = node[key]
+            if key == "minLength" and (isinstance(raw, bool) or not isinstance(raw, int)
+                                       or raw < 0):
+                raise _field_error(keys, "'minLength' must be a non-negative integer")
+            if key != "minLength" and not isinstance(raw, str):
+                raise _field_error(keys, f"'{key}' must be a string")
+            spec[key] = raw
+        if len(spec) == 1:
+            return None
+        if max_length is not None:
+            spec["maxLength"] = max_length
+    else:
+        spec = {"type": value_type}
+        for key in NUMBER_CONSTRAINTS:
+            if key not in node:
+                continue
+            raw = node[key]
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or (
+                    finite_float(raw) is None):
+                raise _field_error(keys, f"'{key}' must be a finite number (exclusive bounds "
+                                   "are numbers, as in JSON Schema 2019-09 and later)")
+            if key == "multipleOf" and raw <= 0:
+                raise _field_error(keys, "'multipleOf' must be greater than 0")
+            spec[key] = raw
+    return json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
 
 
 def compile_schema(schema: Any) -> CompiledSchema:
@@ -573,7 +691,7 @@ def compile_schema(schema: Any) -> CompiledSchema:
     return CompiledSchema(tuple(fields), tuple(slots))
 
 
-def extend_schema(schema: Mapping[str, Any], learned: Mapping[str, str]) -> dict[str, Any]:
+def extend_schema(schema: Mapping[str, Any], learned: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``schema`` where each open field's generated value is a declared option.
 
     ``learned`` maps dotted paths to generated values (:attr:`SchemaDecision.learned`). Passing
@@ -642,7 +760,7 @@ class SchemaDecision:
     seconds: float = 0.0
 
     @property
-    def learned(self) -> dict[str, str]:
+    def learned(self) -> dict[str, Any]:
         """Values produced by open branches, to pass back through :func:`extend_schema`."""
         return {p: f.value for p, f in self.fields.items() if f.generated}
 
@@ -792,6 +910,106 @@ def _generate_string(
     return read_json_string(backend.decode(ids), max_length), len(prompt), cached, len(ids)
 
 
+def compile_constraints(engine: DecisionEngine, fields: Sequence[SchemaField]) -> dict[str, Any]:
+    """The grammar of every constrained open field, by path, compiled for the engine's
+    vocabulary before any model work (cached per vocabulary by the grammar module).
+
+    A construct the grammar engine cannot enforce is a :class:`ContractError` naming the field
+    and the keyword (an unknown ``format``, look-around in ``pattern``, ...), never loosened.
+    """
+    constrained = [f for f in fields if f.open and f.constrained]
+    if not constrained:
+        return {}
+    from onepass.generate.grammar import compile_grammar, tokenizer_info
+
+    info = tokenizer_info(engine.backend)
+    out: dict[str, Any] = {}
+    for f in constrained:
+        spec = json.loads(f.constraint or "{}")
+        try:
+            grammar = compile_grammar(info, json_schema=spec, field=f.path)
+        except ContractError as exc:
+            raise _field_error(f.keys, f"{_culprit(info, spec)} cannot be enforced while "
+                               f"generating: {exc.message}") from None
+        for value in f.values:  # declared values obey the constraints too (linear: a DFA)
+            if f.value_type == "integer" and isinstance(value, float):
+                value = int(value)  # 1.0 is the integer 1 (the type check admitted it)
+            if not _grammar_admits(grammar, value):
+                raise _field_error(f.keys, f"declared value {value!r} does not satisfy the "
+                                   f"field's constraints {f.constraint}")
+        out[f.path] = grammar
+    return out
+
+
+def _grammar_admits(grammar: Any, value: Any) -> bool:
+    """Whether ``value``'s JSON text is a complete sentence of ``grammar``."""
+    from onepass.generate.grammar import GrammarError
+
+    matcher = grammar.matcher()
+    try:
+        for token in grammar.info.token_ids(json.dumps(value, ensure_ascii=False)):
+            matcher.accept(token)
+    except GrammarError:
+        return False
+    return matcher.is_accepting()
+
+
+def _culprit(info: Any, spec: Mapping[str, Any]) -> str:
+    """The keyword of a refused constraint (each compiled alone), for the error message."""
+    from onepass.generate.grammar import compile_grammar
+
+    keys = [k for k in spec if k != "type"]
+    for key in keys:
+        try:
+            compile_grammar(info, json_schema={"type": spec["type"], key: spec[key]})
+        except ContractError:
+            return f"'{key}': {json.dumps(spec[key], ensure_ascii=False)}"
+    return "the combination of " + ", ".join(f"'{k}'" for k in keys)
+
+
+def _generate_value(
+    engine: DecisionEngine, f: SchemaField, grammar: Any, tokens: list[int], lead: str,
+    max_tokens: int, expired: Callable[[], bool],
+) -> tuple[Any, bool, int, int, int]:
+    """Generate an open value under its grammar, greedily (the argmax of allowed tokens).
+
+    A string's prompt ends with ``lead + '"'`` exactly as on the unconstrained branch (the
+    matcher is advanced past that quote); a number's ends before ``lead``, which the grammar
+    then requires, so the model spells `` 42`` its own way. Returns ``(value, complete,
+    prompt tokens, cached prompt tokens, generated tokens)``; ``complete`` is False when the
+    bound or ``expired()`` stopped it before the grammar was satisfied (value None).
+    """
+    from onepass.generate.grammar import compile_grammar
+
+    backend = engine.backend
+    info = grammar.info
+    if f.value_type == "string":
+        prompt = tokens + backend.encode(lead + '"', bos=False)
+        matcher = grammar.matcher()
+        for token in info.token_ids('"'):
+            matcher.accept(token)
+        opener = '"'
+    else:
+        prompt = list(tokens)
+        if lead:  # the lead the record writes back (`` 42`` after ``Answer:``), then the value
+            grammar = compile_grammar(
+                info, grammar=f"start: {json.dumps(lead)} value\nvalue: %json {f.constraint}",
+                field=f.path,
+            )
+        matcher = grammar.matcher()
+        opener = ""
+    ids, _, cached = backend.generate(prompt, max_tokens, stop=lambda _ids: expired(),
+                                      matcher=matcher)
+    complete = matcher.done or (len(ids) < max_tokens and matcher.is_accepting()
+                                and not expired())
+    value = None
+    if complete:
+        value = json.loads(opener + bytes(info.engine.decode_bytes(ids)).decode("utf-8"))
+        if f.value_type == "integer" and isinstance(value, float):
+            value = int(value)
+    return value, complete, len(prompt), cached, len(ids)
+
+
 # --------------------------------------------------------------------------- deciding
 
 
@@ -863,16 +1081,33 @@ class _Run:
         probs = restricted_softmax(logits, self.plan.temperature)
         return probs, _choose(probs, self.rng)
 
-    def open_value(self, f: SchemaField, tokens: list[int], lead: str) -> str:
+    def open_value(self, f: SchemaField, tokens: list[int], lead: str) -> Any:
         _check_length(self.engine, len(tokens) + 1)
-        value, n, cached, out = _generate_string(
-            self.engine, tokens, lead, f.generation_bound(self.plan.max_open_tokens),
-            f.max_length, self.expired,
-        )
+        bound = f.generation_bound(self.plan.max_open_tokens)
+        grammar = self.plan.grammars.get(f.path) if f.constrained else None
+        if f.constrained and grammar is None:  # a plan made by hand: compile it now
+            grammar = compile_constraints(self.engine, [f])[f.path]
+        complete = True
+        if grammar is None:
+            value, n, cached, out = _generate_string(
+                self.engine, tokens, lead, bound, f.max_length, self.expired,
+            )
+        else:
+            value, complete, n, cached, out = _generate_value(
+                self.engine, f, grammar, tokens, lead, bound, self.expired,
+            )
         self.input_tokens += n
         self.cached_tokens += cached
         self.output_tokens += out
         self.check_time()
+        if not complete:  # a cut value could break the constraint: refuse, never return it
+            bound_by = f"max_open_tokens {self.plan.max_open_tokens}" + (
+                f", maxLength {f.max_length} + 1" if f.max_length is not None else "")
+            raise _field_error(
+                f.keys, f"the generated value was not complete after {out} tokens (the bound: "
+                f"{bound_by}); a cut value could break the field's constraints, so nothing is "
+                "returned: raise max_open_tokens", kind="max_tokens_exceeded",
+            )
         return value
 
     def decision(self, f: SchemaField, position: Any, probs: list[float], index: int,
@@ -999,6 +1234,8 @@ class DecisionPlan:
     seed: int | None
     max_open_tokens: int
     time_limit: float | None = None
+    grammars: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Compiled grammars of the constrained open fields, by path (:func:`compile_constraints`)."""
 
 
 def plan_decisions(
@@ -1057,8 +1294,9 @@ def plan_decisions(
             "open fields, or split the schema",
             kind="max_tokens_exceeded",
         )
+    grammars = compile_constraints(engine, open_fields)
     return DecisionPlan(context, compiled, mode, temperature, sample, seed, max_open_tokens,
-                        time_limit)
+                        time_limit, grammars)
 
 
 def run_plan(engine: DecisionEngine, plan: DecisionPlan) -> SchemaDecision:
@@ -1165,7 +1403,9 @@ class DecisionsRequestModel(BaseModel):
             "a finite domain: enum/const (strings, numbers, null), boolean, x-score levels, a "
             "number with minimum/maximum/multipleOf (at most 11 levels) or a nested object. "
             "description or x-question is the question; x-open: true adds an escape value "
-            "filled by bounded free text (maxLength)."
+            "filled by generated text (bounded by maxLength; pattern, format and minLength are "
+            "enforced while generating) or, on an integer/number, a generated number within "
+            "its minimum/maximum/exclusiveMinimum/exclusiveMaximum/multipleOf."
         ),
         examples=[{"type": "object", "properties": {
             "category": {"enum": ["meal", "travel", "equipment"]},

@@ -358,6 +358,12 @@ class LlamaCppBackend:
         return self._n_vocab
 
     @property
+    def llama_vocab(self) -> Any:
+        """The model's ``llama_vocab`` pointer: the grammar engine reads the vocabulary and
+        tokenizes through it (``generate.grammar.tokenizer_info``)."""
+        return self._vocab
+
+    @property
     def eos_ids(self) -> frozenset[int]:
         ids = {self._model.token_eos(), self._model.token_eot()}
         return frozenset(i for i in ids if i >= 0) | frozenset(self._control)
@@ -369,12 +375,16 @@ class LlamaCppBackend:
         *,
         stop: Callable[[list[int]], bool] | None = None,
         candidates: Sequence[int] = (),
+        matcher: Any = None,
     ) -> tuple[list[int], list[float], int]:
         """Greedy continuation of ``tokens`` through the prefix cache (the schema's open
-        branch and sequential scoring): the same contract as ``TorchBackend.generate``."""
+        branch and sequential scoring): the same contract as ``TorchBackend.generate``,
+        ``matcher`` included (argmax over the tokens the grammar allows, each one accepted)."""
         if not tokens:
             raise ValueError("generate needs at least one prompt token")
         tokens = list(tokens)
+        if matcher is not None and matcher.done:
+            max_new_tokens = 0
         if len(tokens) + max(0, max_new_tokens) > self.n_ctx:
             raise ValueError(f"{len(tokens)} prompt tokens + {max_new_tokens} new exceed the "
                              f"context of {self.n_ctx}")
@@ -389,10 +399,18 @@ class LlamaCppBackend:
             ends = self.eos_ids
             for position in range(len(tokens), len(tokens) + max(0, max_new_tokens)):
                 row = self._lc.llama_get_logits_ith(self._ctx.ctx, -1)
-                best = int(np.ctypeslib.as_array(row, shape=(self._n_vocab,)).argmax())
-                if best in ends:
+                scores = np.ctypeslib.as_array(row, shape=(self._n_vocab,))
+                if matcher is not None:  # -inf where the grammar refuses the token
+                    allowed = matcher.allowed_mask(self._n_vocab).numpy()
+                    scores = np.where(allowed, scores, -np.inf)
+                best = int(scores.argmax())
+                if best in ends or (matcher is not None and best in matcher.info.eos_ids):
                     break
                 out.append(best)
+                if matcher is not None:
+                    matcher.accept(best)
+                    if matcher.done:
+                        break
                 if len(out) == max_new_tokens or (stop is not None and stop(out)):
                     break
                 self._decode([(best, position, 0, True)])

@@ -584,6 +584,7 @@ class TorchBackend:
         *,
         stop: Any = None,
         candidates: Sequence[int] = (),
+        matcher: Any = None,
     ) -> tuple[list[int], list[float], int]:
         """Greedy continuation of ``tokens``, the prompt going through the prefix cache.
 
@@ -595,11 +596,19 @@ class TorchBackend:
         stops at a special token (not returned), when ``stop(ids_so_far)`` is true (that token
         is returned) or after ``max_new_tokens``.
 
+        ``matcher`` (a :class:`~onepass.generate.grammar.Matcher`) constrains every step: the
+        argmax is taken over the tokens its mask allows, each chosen token is accepted, and
+        decoding ends when the grammar is done or its best allowed token is an end token (only
+        allowed once the text is complete) — so the output is a grammar prefix at the bound
+        and a complete sentence otherwise (see :func:`constrained_argmax`).
+
         Returns ``(generated ids, candidate logits, prompt tokens taken from the cache)``.
         """
         if not tokens:
             raise ValueError("generate needs at least one prompt token")
         tokens = list(tokens)
+        if matcher is not None and matcher.done:
+            max_new_tokens = 0  # nothing may follow (the prompt completed the grammar)
         with self._lock:
             cached, kv = self.cache.longest_prefix(tokens)
             start = cached
@@ -617,10 +626,16 @@ class TorchBackend:
             past = DynamicCache(ddp_cache_data=kv)
             last = hidden[-1]
             for position in range(len(tokens), len(tokens) + max_new_tokens):
-                token = int(torch.argmax(self.lm_head(last)))  # softcap is monotonic: skipped
-                if token in ends:
+                row = self.lm_head(last)  # softcap is monotonic: skipped
+                token = (int(torch.argmax(row)) if matcher is None
+                         else constrained_argmax(row, matcher))
+                if token in ends or (matcher is not None and token in matcher.info.eos_ids):
                     break
                 out.append(token)
+                if matcher is not None:
+                    matcher.accept(token)
+                    if matcher.done:
+                        break
                 if len(out) == max_new_tokens or (stop is not None and stop(out)):
                     break
                 step = self.decoder(
@@ -655,6 +670,13 @@ class TorchBackend:
         if bos is not None and ids[0] == bos and len(ids) > 1:
             hidden = hidden[1:]
         return hidden.mean(dim=0).cpu().tolist()
+
+
+def constrained_argmax(logits: torch.Tensor, matcher: Any) -> int:
+    """The first highest logit among the tokens ``matcher`` allows next (greedy under a
+    grammar): disallowed rows are -inf, so an end token wins only where the grammar may end."""
+    mask = matcher.allowed_mask(logits.shape[-1], device=logits.device)
+    return int(torch.argmax(logits.float().masked_fill(~mask, float("-inf"))))
 
 
 @dataclass(frozen=True)

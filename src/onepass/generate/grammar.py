@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -52,14 +53,30 @@ class TokenizerInfo:
     EOS ids are the backend's, so a grammar may end on any of them, and only when complete.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Any):
-        import llguidance.hf
-
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Any, *,
+                 llama_vocab: Any = None):
         self.vocab_size = int(vocab_size)
         self.eos_ids = frozenset(int(t) for t in eos_ids)
-        self.engine = llguidance.hf.from_tokenizer(
-            tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids) or None
-        )
+        eos = sorted(self.eos_ids) or None
+        if llama_vocab is not None:  # a llama.cpp model: its own vocabulary and tokenizer
+            import llguidance.llamacpp
+
+            with warnings.catch_warnings():  # one deprecation warning per token otherwise
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self.engine = llguidance.llamacpp.lltokenizer_from_vocab(
+                    llama_vocab, n_vocab=self.vocab_size, eos_token=eos
+                )
+        else:
+            import llguidance.hf
+
+            self.engine = llguidance.hf.from_tokenizer(
+                tokenizer, n_vocab=self.vocab_size, eos_token=eos
+            )
+
+    def token_ids(self, text: str) -> list[int]:
+        """``text`` in the grammar engine's tokenization (to advance a matcher past text the
+        prompt already holds, such as the opening quote of a JSON string)."""
+        return list(self.engine.tokenize_str(text))
 
 
 _INFOS: weakref.WeakKeyDictionary[Any, TokenizerInfo] = weakref.WeakKeyDictionary()
@@ -67,11 +84,14 @@ _INFO_LOCK = threading.Lock()
 
 
 def tokenizer_info(backend: Any) -> TokenizerInfo:
-    """The backend's :class:`TokenizerInfo`, built on first use and kept with the backend."""
+    """The backend's :class:`TokenizerInfo`, built on first use and kept with the backend
+    (a llama.cpp backend hands over its vocabulary as ``llama_vocab``, a torch backend its
+    Hugging Face ``tokenizer``)."""
     with _INFO_LOCK:
         info = _INFOS.get(backend)
         if info is None:
-            info = TokenizerInfo(backend.tokenizer, backend.vocab_size, backend.eos_ids)
+            info = TokenizerInfo(getattr(backend, "tokenizer", None), backend.vocab_size,
+                                 backend.eos_ids, llama_vocab=getattr(backend, "llama_vocab", None))
             _INFOS[backend] = info
         return info
 
