@@ -62,6 +62,8 @@ def router(workers: Sequence[str], log_path: Path, *, policy: str = "cache_aware
             "--policy", policy, "--worker-urls", *workers,
             "--health-check-interval-secs", str(health_interval),
             "--health-failure-threshold", "2", "--health-check-timeout-secs", "2",
+            "--cb-failure-threshold", "3",  # under the 5 retries: a dead worker's request
+            # opens its circuit and is retried on another worker instead of failing
             "--worker-startup-check-interval", "1", "--log-level", "warn"]
     with open(log_path, "a") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -179,6 +181,11 @@ def test_a_dead_worker_is_routed_around(topology):
     victim.kill()  # the worker dies: no drain, no goodbye
     victim.wait(10)
     killed = time.monotonic()
+    # at once, before any health check: the router still sends its state there, the send
+    # fails, the circuit opens within the retries and the retry goes to the survivor
+    orphan = next(n for n, where in placement.items() if where[0] == 0)
+    assert _probs(_ask(topology["front"], orphan)["answers"]) == pytest.approx(
+        _probs(topology["answers"][orphan]["answers"]), abs=1e-4)
     while True:  # the router's health check (1 s interval, 2 failures) marks it unhealthy
         listed = httpx.get(topology["router"] + "/workers", timeout=5).json()["workers"]
         if len(listed) < 2 or not all(w["is_healthy"] for w in listed):
@@ -247,4 +254,5 @@ def test_deploy_files_speak_the_real_clis():
             parsed = parse_router_args(args)
             assert parsed.policy == "cache_aware" and len(parsed.worker_urls) == 2
             assert parsed.health_check_endpoint == "/health"
+            assert parsed.cb_failure_threshold < parsed.retry_max_retries
     assert routers == 3
