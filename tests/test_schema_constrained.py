@@ -161,6 +161,22 @@ def test_open_enum_with_a_pattern_generates_under_it_when_the_escape_wins(engine
     check(schema, d.value)
 
 
+def test_plain_format_numbers_generate_their_own_leading_space(engine):
+    """``Answer: 1250``: the number's grammar starts with the label's lead, so the model
+    spells `` 1250`` itself and the record writes back the same text."""
+    from onepass import DecisionEngine
+    from onepass import prompt as P
+
+    plain = DecisionEngine(engine.backend, chat_format=P.PLAIN_FORMAT, context=engine.context)
+    schema = {"properties": {"total": MIXED["properties"]["total"],
+                             "code": STRINGS["properties"]["code"]}}
+    d = plain.decide_schema(CONTEXT, schema, mode="sequential", max_open_tokens=16)
+    check(schema, d.value)
+    total, code = d.fields["total"], d.fields["code"]
+    tail = engine.backend.decode(code.tokens[len(total.tokens):])
+    assert tail.startswith(f" {d.value['total']}\n")
+
+
 def test_a_value_the_bound_cuts_is_refused_never_returned(engine):
     schema = {"properties": {"code": STRINGS["properties"]["code"]}}
     for mode in ("sequential", "batch"):
@@ -190,9 +206,10 @@ def test_decisions_route_enforces_constraints_and_refuses_with_400(engine):
         "total": MIXED["properties"]["total"],
     }}
     with TestClient(create_app(engine, ServerSettings())) as client:
-        for mode in ("sequential", "batch"):
+        for mode, sample in (("sequential", False), ("batch", True)):
             r = client.post("/v1/decisions", json={"context": CONTEXT, "mode": mode,
-                                                    "schema": schema, "max_open_tokens": 16})
+                                                    "schema": schema, "max_open_tokens": 16,
+                                                    "sample": sample, "seed": 7})
             assert r.status_code == 200, r.text
             check(schema, r.json()["value"])
             assert type(r.json()["value"]["total"]) is int
