@@ -220,7 +220,8 @@ class SchemaField:
 
     def generation_bound(self, max_open_tokens: int) -> int:
         """Most tokens its open branch may generate (0 for a closed field): a token carries
-        at least one character, so ``maxLength + 1`` tokens are always enough."""
+        at least one character, so ``maxLength + 1`` tokens are enough for the body and the
+        closing quote (a constrained value that still runs out is refused, not cut)."""
         if not self.open:
             return 0
         if self.max_length is None:
