@@ -1,7 +1,10 @@
 """Quantization on the embedded model: size on disk, resident memory, latency and agreement
 with the float32 model for float32 / bfloat16 / int8 / fp8 / fp4 (each quantized scheme with
 its working weights: ``int8`` = decoded once for PyTorch's int8 kernel, ``stored`` = decoded on
-every forward), plus fp4 with an int8 embedding. Prints one table from one run.
+every forward), plus fp4 with an int8 embedding. fp4 rows are plain round-to-nearest
+(``--calibration-dataset none``) unless the row says ``gptq`` (calibrated on the shipped
+datasets' train splits) or ``+fp8`` (GPTQ with the 4 layers of largest output error kept at
+fp8, ``--keep-fp8 auto:4``). Prints one table from one run.
 
 Each scheme is written by `onepass quantize` (embedding bfloat16 unless the row says int8) into
 a temporary directory, then measured in a fresh process (so resident memory is its own):
@@ -88,20 +91,24 @@ def main() -> None:
         rows[name] = in_fresh_process(args.model, args.threads, args.limit, dtype, "auto")
         rows[name]["disk"] = disk if name == "float32" else disk // 2  # bf16: half the bytes
     with tempfile.TemporaryDirectory() as tmp:
-        # (row, scheme, embedding codec, compute at load)
-        for name, scheme, embedding, compute in (
-                ("int8", "int8", "bfloat16", "int8"),
-                ("fp8 int8", "fp8", "bfloat16", "int8"),
-                ("fp8 stored", "fp8", "bfloat16", "stored"),
-                ("fp4 int8", "fp4", "bfloat16", "int8"),
-                ("fp4 stored", "fp4", "bfloat16", "stored"),
-                ("fp4 e-int8", "fp4", "int8", "int8")):
-            out = Path(tmp) / f"{scheme}-{embedding}"
+        # (row, scheme, embedding codec, compute at load, fp4 calibration)
+        for name, scheme, embedding, compute, calibration in (
+                ("int8", "int8", "bfloat16", "int8", None),
+                ("fp8 int8", "fp8", "bfloat16", "int8", None),
+                ("fp8 stored", "fp8", "bfloat16", "stored", None),
+                ("fp4 int8", "fp4", "bfloat16", "int8", "none"),
+                ("fp4 stored", "fp4", "bfloat16", "stored", "none"),
+                ("fp4 e-int8", "fp4", "int8", "int8", "none"),
+                ("fp4 gptq", "fp4", "bfloat16", "stored", "gptq"),
+                ("fp4 +fp8", "fp4", "bfloat16", "stored", "keep")):
+            out = Path(tmp) / f"{scheme}-{embedding}-{calibration}"
             if not out.exists():
                 start = time.perf_counter()
-                quantize(args.model, None, scheme, out, embedding=embedding)
-                print(f"quantized {scheme} (embedding {embedding}) in "
-                      f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+                quantize(args.model, None, scheme, out, embedding=embedding,
+                         calibration_dataset="none" if calibration == "none" else None,
+                         keep_fp8="auto:4" if calibration == "keep" else None)
+                print(f"quantized {scheme} (embedding {embedding}, calibration {calibration}) "
+                      f"in {time.perf_counter() - start:.1f} s", file=sys.stderr)
             rows[name] = in_fresh_process(str(out), args.threads, args.limit, "auto", compute)
             rows[name]["disk"] = (out / "model.safetensors").stat().st_size
             print(f"measured {name}", file=sys.stderr)

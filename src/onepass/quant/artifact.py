@@ -23,6 +23,9 @@ fp4      U8 flat, E2M1     U8 [out, ceil(in/32)], E8M0        I64 [2] = (out, in
          low nibble
 =======  ================  =================================  ================================
 
+An fp4 artifact may keep a few layers at fp8 (``layer_schemes`` in the config: name -> scheme);
+those layers have the fp8 layout above.
+
 Decoding: fp8 ``w = e4m3 * scale[o]``; int8 ``w = q * scale[o]``; fp4
 ``w = e2m1 * 2**(scale[o, i // 32] - 127)``. An int8 embedding ``E.weight`` is I8 [rows, dim]
 with ``E.weight_scale`` F32 [rows]; a bfloat16 / float32 one is the plain table.
@@ -178,20 +181,31 @@ def write_quantized(
     compute: str = "auto",
     provenance: dict[str, Any] | None = None,
     progress: Callable[[], None] | None = None,
+    layer_schemes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write ``model`` with its decoder linears in ``scheme`` (fp8, fp4 or int8), the token
     embedding / output head with the ``embedding`` codec; returns the
     ``quantization_config.json`` it wrote (``compute``: the working weights a load picks unless
-    told otherwise). Files appear atomically, one by one."""
+    told otherwise). ``layer_schemes``: decoder linears written in another scheme (the few
+    sensitive layers of an fp4 model kept at fp8), recorded by name in the config. Files appear
+    atomically, one by one."""
     from safetensors.torch import save_file
 
     codec = codec_for(scheme)
+    layer_schemes = dict(layer_schemes or {})
     if embedding not in EMBEDDING_CODECS:
         raise QuantizeError(f"embedding: expected one of {', '.join(EMBEDDING_CODECS)}, got "
                             f"{embedding!r}")
     if compute not in COMPUTES:
         raise QuantizeError(f"compute: expected one of {', '.join(COMPUTES)}, got {compute!r}")
     linears = {name for name, _ in decoder_linears(model)}
+    for name, other in layer_schemes.items():
+        if name not in linears:
+            raise QuantizeError(f"layer_schemes: {name!r} is not a decoder linear")
+        if other not in WEIGHT_DESCRIPTIONS:
+            raise QuantizeError(f"layer_schemes: {name}: expected one of "
+                                f"{', '.join(WEIGHT_DESCRIPTIONS)}, got {other!r}")
+    layer_schemes = {n: s for n, s in layer_schemes.items() if s != scheme}
     tables = _embedding_names(model)
     state: dict[str, torch.Tensor] = {}
     kept: list[str] = []
@@ -204,7 +218,8 @@ def write_quantized(
         seen.add(storage)
         module, _, leaf = name.rpartition(".")
         if leaf == "weight" and module in linears:
-            state.update(_stored_tensors(codec, name, tensor))
+            own = codec_for(layer_schemes[module]) if module in layer_schemes else codec
+            state.update(_stored_tensors(own, name, tensor))
             if progress is not None:
                 progress()
         elif name in tables:
@@ -231,6 +246,7 @@ def write_quantized(
         "block_size": Mxfp4Codec.block_size if scheme == "fp4" else None,
         "weights": WEIGHT_DESCRIPTIONS[scheme],
         "quantized_layers": sorted(linears),
+        **({"layer_schemes": dict(sorted(layer_schemes.items()))} if layer_schemes else {}),
         "embedding": {"codec": embedding, "tensors": sorted(stored_tables)},
         "compute": compute,
         "bytes": _sizes(state, linears, set(stored_tables)),
@@ -256,14 +272,24 @@ def load_quantized(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
-    codec = codec_for(config["scheme"])
+    default = codec_for(config["scheme"])
+    layer_schemes = config.get("layer_schemes") or {}
+    if not isinstance(layer_schemes, dict) or any(
+            v not in WEIGHT_DESCRIPTIONS for v in layer_schemes.values()):
+        raise QuantizeError(f"{path / QUANT_CONFIG}: 'layer_schemes' must map layer names to "
+                            f"one of {', '.join(WEIGHT_DESCRIPTIONS)}")
     with init_empty_weights(include_buffers=False):  # parameters on "meta", buffers real
         model = AutoModelForCausalLM.from_config(
             AutoConfig.from_pretrained(path), dtype=dtype, attn_implementation=attn
         )
     tensors = load_file(str(path / WEIGHTS))
-    shaped = not isinstance(codec, (Fp8Codec, Int8Codec))
+    names = {name for name, _ in decoder_linears(model)}
+    if set(layer_schemes) - names:
+        raise QuantizeError(f"{path / QUANT_CONFIG}: 'layer_schemes' names "
+                            f"{sorted(set(layer_schemes) - names)[:3]}, not decoder linears")
     for name, linear in decoder_linears(model):
+        codec = codec_for(layer_schemes[name]) if name in layer_schemes else default
+        shaped = not isinstance(codec, (Fp8Codec, Int8Codec))
         key = f"{name}.weight"
         needed = [key, f"{key}_scale"] + ([f"{key}_shape"] if shaped else [])
         if any(k not in tensors for k in needed):
