@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"calibration requests (default {DEFAULT_SAMPLES})")
     parser.add_argument("--keep-fp8", metavar="LAYERS",
                         help="fp4 only: keep these decoder linears at fp8 (comma list of "
-                        "names, e.g. model.layers.0.mlp.down_proj) or auto[:K] (the K with "
-                        f"the largest calibration error; K default {DEFAULT_AUTO_KEEP})")
+                        "names, e.g. model.layers.0.mlp.down_proj) or auto[:K] (the K where plain "
+                        f"rounding's calibration error is largest; K default {DEFAULT_AUTO_KEEP})")
     parser.add_argument("--report", action="store_true",
                         help="measure what was traded (per-layer error, probe agreement and "
                         "TV vs the float model, sizes, latency): print it, write report.json "
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 DEFAULT_SAMPLES = 32
-DEFAULT_AUTO_KEEP = 4
+DEFAULT_AUTO_KEEP = 16
 
 
 def _samples(text: str) -> int:
