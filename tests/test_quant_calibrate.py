@@ -177,6 +177,7 @@ def test_report_writes_what_was_traded(tmp_path, data_dir):
                                    "resident_ratio", "float32_bytes"}
     assert report["size"]["disk_bytes"] == (tmp_path / "out" / "model.safetensors").stat().st_size
     assert report["latency"]["median_seconds"] > 0
+    assert report["size"]["resident_stored_bytes"] < report["size"]["float32_bytes"]
     errors = report["layer_errors"]
     assert len(errors) == 7 * 2 and all(set(e) == {"rtn", "gptq", "fp8"} for e in errors.values())
     worst = sorted(errors, key=lambda n: errors[n]["rtn"], reverse=True)[:2]
