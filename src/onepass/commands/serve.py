@@ -188,7 +188,8 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
         adapter=spec.adapter, session_cache_entries=args.session_cache_entries,
         session_cache_tokens=args.session_cache_tokens,
         max_input_tokens=spec.max_input_tokens, temperature=args.temperature,
-        served_name=spec.served_model, **backend_options(args),
+        served_name=spec.served_model, compute=getattr(args, "compute", None),
+        **backend_options(args),
     )
     apply_quality(engine, args)
     engine.max_concurrency = spec.max_concurrency
