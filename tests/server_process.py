@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -46,22 +46,33 @@ def serve_process(args: Sequence[str], log_path: Path, *, ready_seconds: float =
             cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
+    with running(proc, log_path, lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
+                 seconds=ready_seconds):
+        yield url, proc
+
+
+@contextlib.contextmanager
+def running(proc: subprocess.Popen, log_path: Path, ready: Callable[[], bool], *,
+            seconds: float, what: str = "server", grace: float = 30) -> Iterator[None]:
+    """Hold ``proc`` until ``ready()`` (an HTTP or JSON error counts as not yet), failing with
+    its log's tail if it exits or ``seconds`` pass; afterwards SIGTERM, then SIGKILL after
+    ``grace`` seconds. One loop for every process a test starts (servers, the router)."""
     try:
-        deadline = time.monotonic() + ready_seconds
+        deadline = time.monotonic() + seconds
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{log_path.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                raise RuntimeError(f"{what} exited early:\n{log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                if ready():
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"server not ready:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"{what} not ready:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield url, proc
+        yield
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)

@@ -117,16 +117,22 @@ def server(tmp_path_factory):
         yield url
 
 
+TEXTS = [t for triple in TRIPLES for t in triple]
+
+
+def sdk(server: str):
+    """The official OpenAI client on ``server`` (the test skips without the package)."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120, max_retries=0)
+
+
 def _cos(a, b):
     return sum(x * y for x, y in zip(a, b))
 
 
 @pytest.mark.slow
 def test_embeddings_through_the_sdk(server):
-    openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120,
-                           max_retries=0)
-    texts = [t for triple in TRIPLES for t in triple]
+    client, texts = sdk(server), TEXTS
     out = client.embeddings.create(model="jev-latest", input=texts)
     assert [d.index for d in out.data] == list(range(len(texts)))
     vectors = [d.embedding for d in out.data]
@@ -154,10 +160,7 @@ def test_embeddings_through_the_sdk(server):
 
 @pytest.mark.slow
 def test_sentence_encoder_through_the_sdk(server):
-    openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120,
-                           max_retries=0)
-    texts = [t for triple in TRIPLES for t in triple]
+    client, texts = sdk(server), TEXTS
     out = client.embeddings.create(model="minilm", input=texts)
     assert out.model == "minilm" and [d.index for d in out.data] == list(range(len(texts)))
     vectors = [d.embedding for d in out.data]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import running_in_ci
-from server_process import free_port, serve, serve_process
+from server_process import free_port, running, serve, serve_process
 
 SENTENCE = ("The customer says the parcel came {n} days late, the box was crushed, the receipt "
             "shows shipping charged twice and nobody answered the phone on day {n}. ")
@@ -68,26 +67,13 @@ def router(workers: Sequence[str], log_path: Path, *, policy: str = "cache_aware
     with open(log_path, "a") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"router exited early:\n{log_path.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                listed = httpx.get(url + "/workers", timeout=2).json()["workers"]
-                if len(listed) == len(workers) and all(w["is_healthy"] for w in listed):
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"router not ready:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
+
+    def registered() -> bool:
+        listed = httpx.get(url + "/workers", timeout=2).json()["workers"]
+        return len(listed) == len(workers) and all(w["is_healthy"] for w in listed)
+
+    with running(proc, log_path, registered, seconds=60, what="router", grace=15):
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def worker_counts(url: str) -> dict[str, float]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from server_process import serve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,39 +100,9 @@ def serving(args: list[str], log_path: Path, timeout: float = 240) -> Iterator[s
     One OpenMP thread that sleeps when idle, so the server does not fight the test process
     for the two cores.
     """
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "OMP_WAIT_POLICY": "PASSIVE"}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "onepass.cli", "serve", *args, "--host", "127.0.0.1",
-             "--port", str(port)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited:\n{log_path.read_text()[-3000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server not ready:\n{log_path.read_text()[-3000:]}")
-                time.sleep(0.25)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with serve([*args, "--host", "127.0.0.1"], log_path, ready_seconds=timeout,
+               env={"OMP_WAIT_POLICY": "PASSIVE"}) as url:
+        yield url
 
 
 def post_decision(url: str, request: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
