@@ -400,10 +400,8 @@ class LlamaCppBackend:
             for position in range(len(tokens), len(tokens) + max(0, max_new_tokens)):
                 row = self._lc.llama_get_logits_ith(self._ctx.ctx, -1)
                 scores = np.ctypeslib.as_array(row, shape=(self._n_vocab,))
-                if matcher is not None:  # -inf where the grammar refuses the token
-                    allowed = matcher.allowed_mask(self._n_vocab).numpy()
-                    scores = np.where(allowed, scores, -np.inf)
-                best = int(scores.argmax())
+                best = (int(scores.argmax()) if matcher is None
+                        else matcher.argmax(scores))
                 if best in ends or (matcher is not None and best in matcher.info.eos_ids):
                     break
                 out.append(best)

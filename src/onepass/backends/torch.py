@@ -600,7 +600,7 @@ class TorchBackend:
         argmax is taken over the tokens its mask allows, each chosen token is accepted, and
         decoding ends when the grammar is done or its best allowed token is an end token (only
         allowed once the text is complete) — so the output is a grammar prefix at the bound
-        and a complete sentence otherwise (see :func:`constrained_argmax`).
+        and a complete sentence otherwise (see ``Matcher.argmax``).
 
         Returns ``(generated ids, candidate logits, prompt tokens taken from the cache)``.
         """
@@ -627,8 +627,7 @@ class TorchBackend:
             last = hidden[-1]
             for position in range(len(tokens), len(tokens) + max_new_tokens):
                 row = self.lm_head(last)  # softcap is monotonic: skipped
-                token = (int(torch.argmax(row)) if matcher is None
-                         else constrained_argmax(row, matcher))
+                token = int(torch.argmax(row)) if matcher is None else matcher.argmax(row)
                 if token in ends or (matcher is not None and token in matcher.info.eos_ids):
                     break
                 out.append(token)
@@ -670,13 +669,6 @@ class TorchBackend:
         if bos is not None and ids[0] == bos and len(ids) > 1:
             hidden = hidden[1:]
         return hidden.mean(dim=0).cpu().tolist()
-
-
-def constrained_argmax(logits: torch.Tensor, matcher: Any) -> int:
-    """The first highest logit among the tokens ``matcher`` allows next (greedy under a
-    grammar): disallowed rows are -inf, so an end token wins only where the grammar may end."""
-    mask = matcher.allowed_mask(logits.shape[-1], device=logits.device)
-    return int(torch.argmax(logits.float().masked_fill(~mask, float("-inf"))))
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,14 @@ class Matcher:
             mask = torch.cat([mask, mask.new_zeros(n - mask.numel())])
         return mask
 
+    def argmax(self, logits: Any) -> int:
+        """The first highest logit among the tokens allowed next (greedy under the grammar):
+        disallowed rows are -inf, so an end token wins only where the grammar may end.
+        ``logits``: one row, a tensor or a numpy array (llama.cpp's, read in place)."""
+        logits = torch.as_tensor(logits)
+        mask = self.allowed_mask(logits.shape[-1], device=logits.device)
+        return int(torch.argmax(logits.float().masked_fill(~mask, float("-inf"))))
+
     def accept(self, token: int) -> None:
         """Advance past a drawn token; a token the grammar refuses is a :class:`GrammarError`."""
         if not self._engine.consume_token(int(token)):
