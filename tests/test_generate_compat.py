@@ -79,6 +79,9 @@ def test_generate_scores_like_the_engine_and_hits_the_cache(engine, client):
     assert isinstance(single.json(), dict) and single.json()["meta_info"]["id"] == "r1"
     bad = client.post("/generate", json={**body, "input_ids": [10**9]})
     assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["field"] == "input_ids"
+    bad = client.post("/generate", json={**body, "token_ids_logprob": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "token_ids_logprob"
 
 
 def test_router_forwarded_completion_is_accepted(client):

@@ -139,10 +139,11 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             if len(p) > engine.max_input_tokens:
                 raise _bad(f"input_ids[{i}]" if batch else "input_ids",
                            f"{len(p)} tokens, over max_input_tokens {engine.max_input_tokens}")
-        for ids in [*prompts, *candidates]:
-            if vocab is not None and max(ids) >= vocab:
-                raise _bad("input_ids", f"token id {max(ids)} is outside the vocabulary "
-                           f"({vocab} ids)")
+        for field, lists in (("input_ids", prompts), ("token_ids_logprob", candidates)):
+            for ids in lists:
+                if vocab is not None and max(ids) >= vocab:
+                    raise _bad(field, f"token id {max(ids)} is outside the vocabulary "
+                               f"({vocab} ids)")
         prefix, suffixes = split_prefix(prompts)
 
         def work() -> Any:
