@@ -59,10 +59,10 @@ class SentenceEncoder:
                  max_input_tokens: int | None = None):
         from transformers import AutoModel, AutoTokenizer
 
+        from onepass.backends.torch import pick_device
+
         folder = Path(folder)
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = pick_device(device)  # the same choice and check as the decoder's
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModel.from_pretrained(folder, dtype=torch.float32).to(self.device)
         self.model.eval()
