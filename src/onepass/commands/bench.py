@@ -12,11 +12,11 @@ per request (miss, hit). Every number comes from this one run.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from onepass.commands.common import (
     add_model_arguments,
+    default_data_dir,
     engine_from_args,
     env_argument,
     non_negative_int,
@@ -24,11 +24,6 @@ from onepass.commands.common import (
 )
 
 HELP = "benchmark quality (CLINC150, BANKING77, JevBench), calibration, flip rate and latency"
-
-
-def _default_data_dir() -> str:
-    here = Path(__file__).resolve().parents[3]
-    return os.environ.get("ONEPASS_SHARED_DIR", str(here.parent / "shared")) + "/data"
 
 
 def _ints(text: str) -> list[int]:
@@ -81,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     domains = None if args.domains.strip().lower() in ("", "none") else [
         d.strip() for d in args.domains.split(",") if d.strip()]
     config = BenchConfig(
-        data_dir=Path(args.data_dir or _default_data_dir()), output=Path(args.output),
+        data_dir=Path(args.data_dir) if args.data_dir else default_data_dir(),
+        output=Path(args.output),
         limit=args.limit, fit_limit=args.fit_limit, teach=args.teach,
         flip_records=args.flip_records, latency_requests=args.latency_requests,
         domains=domains, seed=args.seed, describe=not args.names_only,

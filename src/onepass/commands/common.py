@@ -13,6 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 ENV_PREFIX = "ONEPASS_"
@@ -93,6 +94,13 @@ def _integer(text: str, low: int) -> int:
     if value is None or value < low:
         raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
     return value
+
+
+def default_data_dir() -> Path:
+    """The shipped datasets: ``$ONEPASS_SHARED_DIR/data``, else ``../shared/data`` beside the
+    checkout."""
+    here = Path(__file__).resolve().parents[3]
+    return Path(os.environ.get("ONEPASS_SHARED_DIR", str(here.parent / "shared"))) / "data"
 
 
 def positive_int(text: str) -> int:

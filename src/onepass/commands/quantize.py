@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from onepass.commands.common import default_data_dir, positive_int
+
 HELP = "merge an adapter and write FP8 / MXFP4 / int8 weights that onepass serve loads"
 
 
@@ -51,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts fp4's GPTQ rounding is calibrated on: shipped (default: "
                         "CLINC150 + BANKING77 train), clinc150, banking77, a JSONL file of "
                         "requests, or none (plain rounding)")
-    parser.add_argument("--calibration-samples", metavar="N", type=_samples, default=None,
+    parser.add_argument("--calibration-samples", metavar="N", type=positive_int, default=None,
                         help=f"calibration requests (default {DEFAULT_SAMPLES})")
     parser.add_argument("--keep-fp8", metavar="LAYERS",
                         help="fp4 only: keep these decoder linears at fp8 (comma list of "
@@ -61,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure what was traded (per-layer error, probe agreement and "
                         "TV vs the float model, sizes, latency): print it, write report.json "
                         "and report.md in the output directory")
-    parser.add_argument("--report-probes", metavar="N", type=_samples, default=100,
+    parser.add_argument("--report-probes", metavar="N", type=positive_int, default=100,
                         help="probe requests the report answers (default 100)")
     parser.add_argument("--data-dir", default=None,
                         help="folder with clinc150/ and banking77/ (default: "
@@ -70,21 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 DEFAULT_SAMPLES = 32
 DEFAULT_AUTO_KEEP = 16
-
-
-def _samples(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
-
-
-def default_data_dir() -> Path:
-    """The shipped datasets: ``$ONEPASS_SHARED_DIR/data``, else ``../shared/data`` beside the
-    checkout."""
-    import os
-
-    here = Path(__file__).resolve().parents[3]
-    return Path(os.environ.get("ONEPASS_SHARED_DIR", str(here.parent / "shared"))) / "data"
 
 
 def default_probes(data_dir: Path, limit: int = 100) -> list[dict[str, Any]]:
