@@ -52,10 +52,30 @@ def test_config_entries_override_the_shared_flags(tmp_path):
      "[1].adapter: an embedding model"),
     ('[{"model": "a", "task": "embedding", "dtype": "bfloat16"}]',
      "[0].dtype: an embedding model"),
+    ('[{"model": "a", "task": "embedding", "backend": "llamacpp"}]',
+     "[0].backend: an embedding model"),
+    ('[{"model": "a", "backend": "vllm"}]', "[0].backend: expected one of torch, llamacpp"),
+    ('[{"model": "a", "backend": "remote", "engine_url": "http://x"}]',
+     "[0].engine: backend remote needs"),
+    ('[{"model": "a", "backend": "remote", "engine": "tgi", "engine_url": "http://x"}]',
+     "[0].engine: backend remote needs"),
+    ('[{"model": "a", "backend": "remote", "engine": "vllm"}]', "[0].engine_url"),
 ])
 def test_bad_configs_name_the_entry_and_key(tmp_path, content, message):
     with pytest.raises(ModelsConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_models_config(write(tmp_path, content), BASE)
+
+
+def test_each_entry_chooses_its_backend(tmp_path):
+    specs = load_models_config(write(tmp_path, [
+        {"model": "smollm2-135m-instruct", "backend": "llamacpp"},
+        {"model": "Qwen/Qwen2.5-0.5B-Instruct", "served_model": "big", "backend": "remote",
+         "engine": "vllm", "engine_url": "http://10.0.0.5:8000"},
+        {"model": "gemma3-270m"},
+    ]), BASE)
+    assert [(s.backend, s.engine, s.engine_url) for s in specs] == [
+        ("llamacpp", None, None), ("remote", "vllm", "http://10.0.0.5:8000"),
+        ("torch", None, None)]
 
 
 def test_task_embedding_from_the_config_and_the_flags(tmp_path):

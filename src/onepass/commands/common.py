@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from onepass.server.models import BACKENDS, ENGINES
+
 ENV_PREFIX = "ONEPASS_"
 _ENV_ATTR = "onepass_env_var"  # set on an argparse action that reads the environment
 
@@ -200,13 +202,11 @@ def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
     return engine
 
 
-ENGINES = ("onepass", "llama-server", "vllm", "sglang")
-
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     """Where decisions are computed: in process (torch, llamacpp) or by a remote engine."""
     g = parser.add_argument_group("backend")
-    env_argument(g, "--backend", default="torch", choices=["torch", "llamacpp", "remote"],
+    env_argument(g, "--backend", default="torch", choices=list(BACKENDS),
                  help="torch (default): transformers in process; llamacpp: the GGUF run "
                  "natively by llama.cpp (pip install 'onepass[gguf]'); remote: an engine at "
                  "--engine-url computes the label log-probabilities")

@@ -165,12 +165,14 @@ def model_specs(args: argparse.Namespace) -> list[Any]:
         adapter=args.adapter, context_path=args.context_path,
         max_input_tokens=args.max_input_tokens, max_concurrency=args.max_concurrency,
         default_max_output_tokens=args.default_max_output_tokens, task=args.task,
+        backend=args.backend, engine=args.engine, engine_url=args.engine_url,
     )
     if args.models_config:
         if args.model or args.served_model:
             raise ModelsConfigError("--models-config replaces --model/--served-model: give one "
                                     "or the other")
         return load_models_config(args.models_config, base)
+    backend_options(args)  # --backend remote without --engine/--engine-url: the flags' message
     return specs_from_flags(args.model, args.served_model, base)
 
 
@@ -189,7 +191,8 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
         session_cache_tokens=args.session_cache_tokens,
         max_input_tokens=spec.max_input_tokens, temperature=args.temperature,
         served_name=spec.served_model, compute=getattr(args, "compute", None),
-        **backend_options(args),
+        backend=spec.backend, engine=spec.engine, engine_url=spec.engine_url,
+        n_ctx=args.n_ctx, n_threads=args.n_threads,
     )
     apply_quality(engine, args)
     engine.max_concurrency = spec.max_concurrency

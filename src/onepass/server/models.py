@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 TASKS = ("generate", "embedding")
+BACKENDS = ("torch", "llamacpp", "remote")
+ENGINES = ("sglang", "vllm", "llama-server", "onepass")
 
 
 class ModelsConfigError(ValueError):
@@ -25,7 +27,9 @@ class ModelSpec:
     """One resident model. ``max_concurrency`` bounds its decision workers and running
     generations; ``default_max_output_tokens`` is its generation limit when a request names
     none. ``task``: ``generate`` (a decoder: decisions, generation, pooled embeddings) or
-    ``embedding`` (a sentence encoder: POST /v1/embeddings only)."""
+    ``embedding`` (a sentence encoder: POST /v1/embeddings only). ``backend`` (with
+    ``engine`` and ``engine_url`` for ``remote``) says where its decisions are computed, so one
+    server can hold a GGUF run by llama.cpp beside a model on a remote engine."""
 
     model: str | None = None
     served_model: str | None = None
@@ -37,13 +41,16 @@ class ModelSpec:
     max_concurrency: int = 8
     default_max_output_tokens: int = 1024
     task: str = "generate"
+    backend: str = "torch"
+    engine: str | None = None
+    engine_url: str | None = None
 
 
 _CHOICES = {"device": ("auto", "cpu", "cuda", "mps"),
             "dtype": ("auto", "float32", "bfloat16", "float16"),
-            "task": TASKS}
+            "task": TASKS, "backend": BACKENDS}
 _POSITIVE = ("max_input_tokens", "max_concurrency", "default_max_output_tokens")
-_STRINGS = ("model", "served_model", "adapter", "context_path")
+_STRINGS = ("model", "served_model", "adapter", "context_path", "engine_url")
 
 
 def check_spec(spec: ModelSpec, where: str) -> ModelSpec:
@@ -59,6 +66,13 @@ def check_spec(spec: ModelSpec, where: str) -> ModelSpec:
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ModelsConfigError(f"{where}.{name}: expected a non-empty string")
+    if spec.backend == "remote":
+        if spec.engine not in ENGINES:
+            raise ModelsConfigError(f"{where}.engine: backend remote needs the engine's dialect, "
+                                    f"one of {', '.join(ENGINES)}; got {spec.engine!r}")
+        if spec.engine_url is None:
+            raise ModelsConfigError(f"{where}.engine_url: backend remote needs the engine's "
+                                    "base URL")
     if spec.task == "embedding":  # a sentence encoder: no prompt, no adapter, float32
         if spec.model is None:
             raise ModelsConfigError(f"{where}: task embedding needs the model to load "
@@ -67,6 +81,9 @@ def check_spec(spec: ModelSpec, where: str) -> ModelSpec:
             if getattr(spec, name) is not None:
                 raise ModelsConfigError(f"{where}.{name}: an embedding model (task embedding) "
                                         f"takes no {name}")
+        if spec.backend != "torch":
+            raise ModelsConfigError(f"{where}.backend: an embedding model (task embedding) runs "
+                                    f"in process (torch), got {spec.backend!r}")
         if spec.dtype not in ("auto", "float32"):
             raise ModelsConfigError(f"{where}.dtype: an embedding model (task embedding) runs "
                                     f"in float32, got {spec.dtype!r}")

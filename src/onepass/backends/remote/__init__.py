@@ -19,8 +19,8 @@ from onepass.backends.base import ScoreResult
 from onepass.backends.remote import dialects as D
 from onepass.cache import CacheStats
 from onepass.server.errors import ApiError, retry_headers
+from onepass.server.models import ENGINES
 
-ENGINES = ("sglang", "vllm", "llama-server", "onepass")
 PROBE_TEXTS = (
     "Answer with one letter.\nA. yes\nB. no\nAnswer: A",
     "  Hello, world! 123 {\"key\": [1, 2.5, null]} — café naïve 日本語\n\tend",
