@@ -70,9 +70,9 @@ def test_agrees_with_torch_on_mixed_questions(gguf_engine, engine, data_dir):
     decisive = [s for s, b in zip(same, theirs) if _margin(b) > 0.1]
     print(f"llamacpp vs torch: {len(ours)} questions, argmax agreement {agree:.3f} "
           f"({sum(decisive)}/{len(decisive)} where torch's top-2 margin > 0.1), mean TV {tv:.4f}")
-    assert agree >= 0.90  # measured 0.94 (47/50): the three flips were near-ties
+    assert agree >= 0.95  # measured 0.96 (48/50; 0.94 with 512-token micro-batches)
     assert all(decisive)
-    assert tv <= 0.05  # measured 0.0185
+    assert tv <= 0.05  # measured 0.0201
 
 
 def _margin(probabilities: list[float]) -> float:
@@ -81,21 +81,29 @@ def _margin(probabilities: list[float]) -> float:
 
 
 def test_batch_independence_and_fast_equals_naive(gguf_engine):
+    """Sixteen questions (~190 suffix tokens in one decode) score as each does alone and as a
+    full decode of its whole prompt does: llama.cpp runs micro-batches of ``UBATCH`` tokens,
+    all on one kernel path (with 512-token micro-batches the three differed by up to 0.009)."""
     backend = gguf_engine.backend
-    prefix = backend.encode("<|im_start|>user\nThe parcel arrived broken and late. " * 6)
-    suffixes = [backend.encode(f" Question {i}: is it {w}? Answer:", bos=False)
-                for i, w in enumerate(["late", "broken", "fine", "lost", "early"])]
-    cands = [[backend.encode(" A", bos=False)[0], backend.encode(" B", bos=False)[0]]] * 5
+    prefix = backend.encode("<|im_start|>user\nThe parcel arrived broken and late. " * 12)
+    words = ["late", "broken", "fine", "lost", "early", "damaged", "opened", "wet", "small",
+             "heavy", "missing", "returned", "refunded", "delayed", "signed", "insured"]
+    suffixes = [backend.encode(f" Question {i}: is the parcel {w}? Answer:", bos=False)
+                for i, w in enumerate(words)]
+    assert sum(map(len, suffixes)) > 128 and len(prefix) > 100
+    cands = [[backend.encode(" A", bos=False)[0], backend.encode(" B", bos=False)[0]]] * 16
     together = backend.score(prefix, suffixes, cands).logits
-    for i in range(5):
+    worst_batch = worst_naive = 0.0
+    for i in range(16):
         alone = backend.score(prefix, [suffixes[i]], [cands[i]]).logits[0]
         naive = backend.reference_logits(prefix + suffixes[i], cands[i])
         p_together, p_alone = restricted_softmax(together[i]), restricted_softmax(alone)
-        # llama.cpp's CPU matmul kernels differ with the batch size (and activations are
-        # quantized per batch to 8 bits), so a question alone, among five and in a full forward
-        # round differently: measured up to 0.011 in probability
-        assert max(abs(a - b) for a, b in zip(p_together, p_alone)) < 0.02
-        assert max(abs(a - b) for a, b in zip(p_alone, restricted_softmax(naive))) < 0.02
+        worst_batch = max(worst_batch, *(abs(a - b) for a, b in zip(p_together, p_alone)))
+        worst_naive = max(worst_naive, *(abs(a - b) for a, b in
+                                         zip(p_alone, restricted_softmax(naive))))
+    print(f"llamacpp batch independence {worst_batch:.2e}, fast vs naive {worst_naive:.2e}")
+    assert worst_batch <= 1e-4  # measured 0 (bit-identical)
+    assert worst_naive <= 1e-4  # measured 0
 
 
 def test_prefix_cache_is_bounded_and_reused():
