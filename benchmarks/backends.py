@@ -2,7 +2,7 @@
 and scale-out routing.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/backends.py [--model ALIAS] [--reps 5]
-        [--backends torch,llamacpp,llama-cpp-python] [--strategies]
+        [--backends torch,llamacpp,llama-server] [--strategies]
     .venv/bin/python benchmarks/backends.py --routing [--states 8 --repeats 4 --concurrency 4]
 
 ``--strategies`` also times the llamacpp suffix strategies (one batch of sequences copied from
@@ -18,6 +18,7 @@ run; never asserted.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -112,7 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--backends", default="torch,llamacpp,llama-cpp-python")
+    ap.add_argument("--backends", default="torch,llamacpp,llama-server")
     ap.add_argument("--strategies", action="store_true")
     ap.add_argument("--routing", action="store_true",
                     help="cache_aware vs round_robin through sglang-router over two workers")
@@ -125,6 +126,7 @@ def main() -> None:
         return
     from onepass.engine import DecisionEngine
 
+    threads = int(os.environ.get("OMP_NUM_THREADS", "2") or 2)
     rows = []
     for name in args.backends.split(","):
         if name in ("torch", "llamacpp"):
@@ -133,22 +135,19 @@ def main() -> None:
             if name == "llamacpp" and args.strategies:
                 engine.backend.strategy = "truncate"
                 rows.append(("llamacpp (truncate)", *timed(engine, args.reps)))
-        elif name == "llama-cpp-python":
-            from server_process import free_port
-            from test_backend_remote_live import llama_cpp_server
+        elif name == "llama-server":  # llama.cpp's own server, built by the llama-server extra
+            from server_process import llama_server
 
+            from onepass.backends.llamacpp import gguf_path
             from onepass.backends.remote import RemoteBackend
-            from onepass.models import resolve
 
-            port = free_port()
-            with llama_cpp_server(port, Path("/tmp/bench_llama.log")):
-                from transformers import AutoTokenizer
-
-                tok = AutoTokenizer.from_pretrained(resolve(args.model).path)
-                remote = RemoteBackend("llama-cpp-python", f"http://127.0.0.1:{port}", tok,
-                                       name="remote")
-                rows.append(("remote (llama-cpp-python server)",
-                             *timed(DecisionEngine(remote), args.reps)))
+            gguf, _ = gguf_path(args.model)
+            tokenizer = DecisionEngine.from_pretrained(args.model).backend.tokenizer
+            # one slot: every question of a request then reuses the one cached state
+            with llama_server(gguf, Path("/tmp/bench_llama_server.log"),
+                              args=["-c", "4096", "-np", "1", "-t", str(threads)]) as url:
+                remote = RemoteBackend("llama-server", url, tokenizer, name="remote")
+                rows.append(("remote (llama-server)", *timed(DecisionEngine(remote), args.reps)))
     print("| backend | miss (s) | hit (s) |\n|---|---|---|")
     for name, miss, hit in rows:
         print(f"| {name} | {miss:.3f} | {hit:.3f} |")

