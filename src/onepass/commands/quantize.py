@@ -4,8 +4,8 @@ weights) or int8 (per-output-channel scales), and the token embedding / output h
 bfloat16 (or int8 per row, `--embedding`). OUT is complete (weights, quantization_config.json,
 config, tokenizer): serve it with `onepass serve --model OUT`. At load each layer becomes
 working weights once (`--compute`, recorded in OUT): auto = the model's float dtype decoded
-once (bfloat16 on a CPU with bf16 units), `int8` (PyTorch's dynamic int8 kernel on VNNI: fast,
-but it quantizes activations too and moves answers more), or `stored` (kept as written,
+once (bfloat16 on a CPU with bf16 units), `int8` (int8 matmuls on VNNI: fast,
+but it quantizes activations too, per token, and moves answers more), or `stored` (kept as written,
 decoded per forward: least memory, slowest). `--quantization none` performs only the merge.
 
 fp4 is calibrated: GPTQ rounding (quant/calibrate.py) on real decision prompts rendered from
