@@ -7,7 +7,7 @@ those labels only, and turns them into typed answers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,19 @@ class DecisionEngine:
 
     def question_position(self, q: Question) -> Position:
         return self.position(q.type, q.instructions, q.options, q.descriptions)
+
+    def prompt_tokens(
+        self, request: DecisionRequest, position: Callable[[Question], Position] | None = None,
+    ) -> tuple[list[tuple[Question, Position]], list[int], list[list[int]]]:
+        """The request's non-trivial questions with their positions, and the token ids of the
+        shared prefix and of each question's suffix, as :meth:`answer` serves them: the trainer
+        and the quantizer's calibration read exactly these prompts. ``position`` replaces
+        :meth:`question_position` (a caller that memoizes repeated questions)."""
+        prefix_text = P.render_prefix(self.format, request.state, self.context, self.specials)
+        live = [q for q in request.questions if not q.is_trivial]
+        positions = [(position or self.question_position)(q) for q in live]
+        prefix, suffixes = self.tokenize(prefix_text, [p.suffix for p in positions])
+        return list(zip(live, positions)), prefix, suffixes
 
     # ------------------------------------------------------------------ scoring
 

@@ -31,8 +31,9 @@ Decoding: fp8 ``w = e4m3 * scale[o]``; int8 ``w = q * scale[o]``; fp4
 with ``E.weight_scale`` F32 [rows]; a bfloat16 / float32 one is the plain table.
 
 At load the decoder linears become *working weights* (``compute``): ``int8`` (int8 matmuls
-on VNNI, activations quantized per token), the model's float dtype (decoded once), or ``stored`` (kept in the
-file's format and decoded on every forward: the least memory, the slowest).
+on VNNI, activations quantized per token), the model's float dtype (decoded once), or
+``stored`` (kept in the file's format and decoded on every forward: the least memory, the
+slowest).
 """
 
 from __future__ import annotations

@@ -120,7 +120,6 @@ def calibration_requests(source: str | None, samples: int, data_dir: Path,
 def prompt_ids(engine: Any, requests: Sequence[dict[str, Any]]) -> list[list[int]]:
     """Token ids of every decision prompt the engine would run for ``requests`` (prefix +
     question suffix, one prompt per question): the activations served requests produce."""
-    from onepass import prompt as P
     from onepass.contract import parse_request
 
     prompts = []
@@ -129,10 +128,7 @@ def prompt_ids(engine: Any, requests: Sequence[dict[str, Any]]) -> list[list[int
             request = parse_request(raw)
         except Exception as exc:  # ContractError: a field-named message
             raise CalibrationError(f"--calibration-dataset: invalid request ({exc})") from exc
-        prefix_text = P.render_prefix(engine.format, request.state, engine.context,
-                                      engine.specials)
-        positions = [engine.question_position(q) for q in request.questions if not q.is_trivial]
-        prefix, suffixes = engine.tokenize(prefix_text, [p.suffix for p in positions])
+        _, prefix, suffixes = engine.prompt_tokens(request)
         prompts += [prefix + s for s in suffixes]
     return prompts
 

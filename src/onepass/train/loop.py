@@ -70,21 +70,18 @@ class TrainResult:
 def encode_records(engine: Any, records: Sequence[Record], max_length: int) -> list[Example]:
     """Render and tokenize every non-trivial question exactly as the engine serves it."""
     memo: dict[str, Any] = {}
+
+    def position(q: Any) -> Any:  # a dataset repeats its questions: render each once
+        key = json.dumps([q.type, q.instructions, q.options, q.descriptions], sort_keys=True)
+        if key not in memo:
+            memo[key] = engine.question_position(q)
+        return memo[key]
+
     examples = []
     for record in records:
-        request = record.request
-        prefix_text = P.render_prefix(engine.format, request.state, engine.context, engine.specials)
-        live = [(q, a) for q, a in zip(request.questions, record.answers) if not q.is_trivial]
-        if not live:
-            continue
-        positions = []
-        for q, _ in live:
-            key = json.dumps([q.type, q.instructions, q.options, q.descriptions], sort_keys=True)
-            if key not in memo:
-                memo[key] = engine.question_position(q)
-            positions.append(memo[key])
-        prefix, suffixes = engine.tokenize(prefix_text, [p.suffix for p in positions])
-        for (q, answer), position, suffix in zip(live, positions, suffixes):
+        answers = {q.name: a for q, a in zip(record.request.questions, record.answers)}
+        live, prefix, suffixes = engine.prompt_tokens(record.request, position)
+        for (q, pos), suffix in zip(live, suffixes):
             ids = tuple(prefix + suffix)
             if len(ids) > max_length:
                 file, _, line = record.source.rpartition(":")
@@ -94,7 +91,8 @@ def encode_records(engine: Any, records: Sequence[Record], max_length: int) -> l
                     f"max_sequence_length {max_length}; nothing is truncated",
                 )
             examples.append(Example(
-                ids, tuple(lb.token_id for lb in position.labels), answer, record.source, q.name
+                ids, tuple(lb.token_id for lb in pos.labels), answers[q.name], record.source,
+                q.name,
             ))
     return examples
 
