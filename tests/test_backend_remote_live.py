@@ -18,6 +18,7 @@ import pytest
 from server_process import free_port, llama_server, llama_server_binary, serve
 
 from onepass.backends.remote import RemoteBackend
+from onepass.contract import ContractError
 from onepass.engine import DecisionEngine
 
 REQUESTS = [
@@ -132,6 +133,12 @@ def test_llama_server_as_remote_engine(engine, reference, tmp_path):
                 cached = [f.cached_tokens for f in there.fields.values()]
                 print(f"llama-server reused tokens by field: {cached}")
                 assert cached == sorted(cached) and cached[0] < cached[-1], cached
+        sent = remote.requests  # an open field cannot be scored: refused before any call
+        with pytest.raises(ContractError, match="'note' is open") as refused:
+            front.decide_schema(TICKET, {"type": "object", "required": ["note"],
+                                         "properties": {"note": {"type": "string",
+                                                                 "x-open": True}}})
+        assert refused.value.field == "schema" and remote.requests == sent
         assert remote.health()[0]
     assert not remote.health()[0]
     _front_end_survives_a_dead_engine(front, start)

@@ -1283,9 +1283,11 @@ def plan_decisions(
             kind="too_many_questions",
         )
     open_fields = [f for f in compiled.fields if f.open]
-    if open_fields and not hasattr(engine.backend, "generate"):
-        raise ContractError("schema", "open fields need a backend that can generate text",
-                            kind="unsupported")
+    backend = engine.backend
+    if open_fields and not getattr(backend, "generates_text", hasattr(backend, "generate")):
+        raise ContractError("schema", f"field {open_fields[0].path!r} is open (free text), which "
+                            "needs a backend that generates text; this one only scores labels "
+                            "(--backend torch or llamacpp generate)", kind="unsupported")
     generated = sum(f.generation_bound(max_open_tokens) for f in open_fields)
     if generated > MAX_GENERATED_TOKENS:
         raise ContractError(
