@@ -146,3 +146,26 @@ def test_schedule_warms_up_then_decays_to_zero():
     assert cosine(0) == pytest.approx(1.0) and cosine(5) == pytest.approx(0.5)
     assert cosine(10) == pytest.approx(0.0)
     assert schedule(warmup=2, total=10, kind="constant")(9) == 1.0
+
+
+def test_a_run_that_does_not_beat_the_untrained_model_warns(base, dataset, tmp_path):
+    """The untrained validation accuracy is measured before the first step; a run whose kept
+    epoch does not beat it (learning rate 0: nothing moves) says so and records it."""
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    cfg = config(base, dataset, tmp_path / "o", epochs=1, learning_rate=0.0)
+    cfg.dataset.validation_path = str(dataset)
+    train(cfg, console=console, show_progress=False)
+    summary = json.loads((tmp_path / "o" / "training_summary.json").read_text())
+    before = summary["untrained_validation"]
+    assert before["accuracy"] == summary["history"][0]["validation_accuracy"]
+    assert summary["beat_untrained"] is False
+    text = console.export_text()
+    assert f"untrained: validation loss {before['loss']:.4f}" in text
+    assert "does not beat the untrained model" in text
+
+    cfg = config(base, dataset, tmp_path / "p", epochs=1)  # no validation: nothing to compare
+    train(cfg, console=Console(record=True), show_progress=False)
+    summary = json.loads((tmp_path / "p" / "training_summary.json").read_text())
+    assert summary["untrained_validation"] is None and summary["beat_untrained"] is None

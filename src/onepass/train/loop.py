@@ -367,6 +367,7 @@ def train(
     state: dict[str, Any] = {
         "epoch": 0, "micro_batch": 0, "step": 0, "best_loss": None, "best_epoch": None,
         "bad_epochs": 0, "history": [], "stopped_early": False, "done": False,
+        "untrained": None,  # validation metrics before the first step: what training must beat
         "fingerprint": _fingerprint(config, len(train_examples)),
         # the current epoch so far, so a mid-epoch resume reports the whole epoch's loss
         "epoch_loss_sum": 0.0, "epoch_questions": 0, "epoch_seconds": 0.0,
@@ -405,6 +406,13 @@ def train(
             lm.config.use_cache = True
             artifacts.write_checkpoint(out, lm, tokenizer)
 
+    def beat_untrained() -> bool | None:
+        """Whether the kept epoch's validation accuracy is above the untrained model's."""
+        kept = [r for r in state["history"] if r["epoch"] == state["best_epoch"]]
+        if state["untrained"] is None or not kept or "validation_accuracy" not in kept[0]:
+            return None
+        return kept[0]["validation_accuracy"] > state["untrained"]["accuracy"]
+
     def summary() -> dict[str, Any]:
         return {
             "method": run.method, "base": base, "architecture": family,
@@ -412,6 +420,7 @@ def train(
             "train_examples": len(train_examples), "validation_examples": len(val_examples),
             "optimizer_steps": state["step"], "best_epoch": state["best_epoch"],
             "stopped_early": state["stopped_early"], "history": state["history"],
+            "untrained_validation": state["untrained"], "beat_untrained": beat_untrained(),
             "configuration": config.to_dict(),
         }
 
@@ -440,6 +449,12 @@ def train(
         TimeElapsedColumn(), TimeRemainingColumn(), console=console,
         disable=not show_progress,
     )
+    if val_examples and state["untrained"] is None and state["step"] == 0:  # fresh, not resumed
+        with torch.no_grad():
+            before = validate(lm, val_examples, run.batch_size, device, bf16)
+        state["untrained"] = {k: before[k] for k in ("loss", "accuracy", "ece")}
+        console.print(f"untrained: validation loss {before['loss']:.4f}, accuracy "
+                      f"{before['accuracy']:.3f}, ECE {before['ece']:.3f}")
     module.train()
     with progress:
         while state["epoch"] < run.epochs and not state["done"]:
@@ -527,6 +542,13 @@ def train(
         artifacts.write_summary(out, summary())
     seconds = time.perf_counter() - started
     console.print(f"wrote {out} ({run.method}) in {seconds:.1f} s")
+    if beat_untrained() is False:
+        kept = next(r for r in state["history"] if r["epoch"] == state["best_epoch"])
+        console.print(
+            f"[bold yellow]warning:[/] the trained {run.method} does not beat the untrained model "
+            f"on validation accuracy ({state['untrained']['accuracy']:.3f} untrained, "
+            f"{kept['validation_accuracy']:.3f} after epoch {state['best_epoch']}): more records "
+            "or epochs, or a higher --learning-rate; the artifact is written but teaches nothing")
     return TrainResult(
         out, run.method, state["history"], state["best_epoch"], len(train_examples),
         len(val_examples), state["step"], seconds, state["stopped_early"],
