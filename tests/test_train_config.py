@@ -32,8 +32,15 @@ def parse_flags(argv: list[str]):
 
 def test_defaults_without_flags_or_file():
     config = resolve_config({})
-    assert config == TrainConfig()
+    assert config.dataset == TrainConfig().dataset and config.model == TrainConfig().model
     assert config.run.epochs == 3 and config.run.method == "lora" and config.run.seed == 42
+    # the measured adapter recipe; full fine-tuning keeps a gentler decaying rate
+    assert (config.run.learning_rate, config.run.lr_schedule, config.run.lora_rank,
+            config.run.lora_alpha, config.run.lora_layers) == (1e-3, "constant", 8, 16.0, 8)
+    full = resolve_config({("run", "method"): "full"}).run
+    assert (full.learning_rate, full.lr_schedule) == (1e-4, "linear")
+    given = resolve_config({("run", "learning_rate"): 5e-4, ("run", "lr_schedule"): "cosine"})
+    assert (given.run.learning_rate, given.run.lr_schedule) == (5e-4, "cosine")
 
 
 def test_precedence_is_per_key(tmp_path):

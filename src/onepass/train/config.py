@@ -31,6 +31,13 @@ else:  # pragma: no cover - Python 3.10
 METHODS = ("lora", "qlora", "full", "from-scratch")
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The adapter defaults (with rank 8, alpha 16, the last 8 layers, LoRA+ 16, a constant rate
+# after 10 warm-up steps) were measured on CLINC150 10-domain routing, 400 records, 2 epochs, on
+# the embedded model: held-out accuracy 0.10 -> 0.55 in 6.7 minutes on 2 busy cores. The old
+# ones (1e-4 decaying, rank 16, every layer) reached 0.12 in 15 minutes. Full fine-tuning moves
+# every weight: it keeps the gentler 1e-4.
+ADAPTER_LEARNING_RATE = 1e-3
+FULL_LEARNING_RATE = 1e-4
 
 
 class ConfigError(ValueError):
@@ -67,12 +74,16 @@ class RunConfig:
     batch_size: int = _f(4, "questions per micro-batch", type=int, minimum=1)
     gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step", type=int,
                                           minimum=1)
-    learning_rate: float = _f(1e-4, "peak AdamW learning rate", type=float, minimum=0.0)
+    learning_rate: float | None = _f(None, "peak AdamW learning rate (default: 1e-3 for lora "
+                                     "and qlora, 1e-4 for full and from-scratch)", type=float,
+                                     minimum=0.0, optional=True)
     weight_decay: float = _f(0.0, "AdamW weight decay (matrices only, not norms or biases)",
                              type=float, minimum=0.0)
     warmup_steps: int = _f(10, "linear warm-up steps", type=int, minimum=0)
-    lr_schedule: str = _f("linear", "after warm-up: linear decay to zero, cosine decay to "
-                          "zero, or constant", type=str, choices=("linear", "cosine", "constant"))
+    lr_schedule: str | None = _f(None, "after warm-up: linear decay to zero, cosine decay to "
+                                 "zero, or constant (default: constant for lora and qlora, "
+                                 "linear otherwise)", type=str,
+                                 choices=("linear", "cosine", "constant"), optional=True)
     maximum_gradient_norm: float = _f(1.0, "clip the global gradient norm (0: no clipping)",
                                       type=float, minimum=0.0)
     early_stop_patience: int = _f(0, "stop after this many epochs without validation-loss "
@@ -81,8 +92,8 @@ class RunConfig:
                                     "count as an improvement", type=float, minimum=0.0)
     max_sequence_length: int = _f(4096, "refuse examples longer than this many tokens (nothing "
                                   "is truncated)", type=int, minimum=1)
-    lora_rank: int = _f(16, "LoRA rank", type=int, minimum=1)
-    lora_alpha: float = _f(32.0, "LoRA alpha (scale = alpha / rank)", type=float, minimum=0.0)
+    lora_rank: int = _f(8, "LoRA rank", type=int, minimum=1)
+    lora_alpha: float = _f(16.0, "LoRA alpha (scale = alpha / rank)", type=float, minimum=0.0)
     lora_dropout: float = _f(0.0, "dropout on the LoRA input", type=float, minimum=0.0)
     lora_b_learning_rate_ratio: float = _f(16.0, "LoRA+: the B matrices learn this many times "
                                            "faster than A (1: plain LoRA); 16 reached a given "
@@ -90,7 +101,7 @@ class RunConfig:
                                            type=float, minimum=0.0)
     lora_target_modules: list[str] = _f(list(LORA_TARGETS), "projections that get adapters "
                                         "(comma-separated on the command line)", type=list)
-    lora_layers: int = _f(0, "adapt only the last N decoder layers (0: all); fewer layers "
+    lora_layers: int = _f(8, "adapt only the last N decoder layers (0: all); fewer layers "
                           "means a shorter backward pass", type=int, minimum=0)
     quantization: str = _f("int4", "qlora: how the frozen base is held in memory", type=str,
                            choices=("int4", "int8", "fp8", "fp4"))
@@ -340,7 +351,13 @@ def resolve_config(
         else:
             value = setting.default
         sections[setting.section][setting.key] = value
-    return TrainConfig(**{name: SECTIONS[name](**body) for name, body in sections.items()})
+    config = TrainConfig(**{name: SECTIONS[name](**body) for name, body in sections.items()})
+    adapters = config.run.method in ("lora", "qlora")
+    if config.run.learning_rate is None:
+        config.run.learning_rate = ADAPTER_LEARNING_RATE if adapters else FULL_LEARNING_RATE
+    if config.run.lr_schedule is None:
+        config.run.lr_schedule = "constant" if adapters else "linear"
+    return config
 
 
 def check_complete(config: TrainConfig) -> None:
