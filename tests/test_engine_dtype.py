@@ -138,7 +138,8 @@ def test_compute_is_chosen_at_load_and_refused_off_the_torch_backend():
 
     engine = DecisionEngine.from_pretrained(dtype="float32", compute="int8")
     assert engine.backend.compute == "int8"
-    assert any(isinstance(m, Int8Linear) for m in engine.backend.model.modules())
+    int8 = [m for m in engine.backend.model.modules() if isinstance(m, Int8Linear)]
+    assert int8 and all(m.smooth is not None for m in int8)  # SmoothQuant-scaled at load
     assert 0.0 <= engine.noul("It is raining.", "Is the weather bad?") <= 1.0
     with pytest.raises(ValueError, match="--compute needs --backend torch"):
         DecisionEngine.from_pretrained(backend="llamacpp", compute="int8")

@@ -37,7 +37,7 @@ from onepass.quant.artifact import (
     read_quantization,
     resolve_compute,
 )
-from onepass.quant.linear import to_working_weights, weight_bytes
+from onepass.quant.linear import to_working_weights, weight_bytes, working_candidates
 
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 MERGE_PAIRS = 32768
@@ -151,10 +151,11 @@ class TorchBackend:
         compute: str | None = None,
     ) -> TorchBackend:
         """``compute`` picks the decoder linears' working weights: ``stored`` (as the checkpoint
-        has them; a quantized artifact decodes per forward), ``int8`` (per-channel int8 on
-        PyTorch's VNNI kernel), ``bfloat16`` / ``float32`` / ``float16`` (that dtype, decoded
-        once); None: the artifact's recorded choice, else ``auto`` (a quantized artifact
-        decoded once into the model's dtype, a float checkpoint as it is)."""
+        has them; a quantized artifact decodes per forward), ``int8`` (per-channel int8 weights,
+        SmoothQuant-scaled, per-token int8 activations on the VNNI units), ``bfloat16`` /
+        ``float32`` / ``float16`` (that dtype, decoded once); None: the artifact's recorded
+        choice, else ``auto`` (a quantized artifact decoded once into the model's dtype, a float
+        checkpoint as it is)."""
         family = check_family(Path(path) / "config.json")
         dev = pick_device(device)
         quantization = read_quantization(path)
@@ -178,15 +179,20 @@ class TorchBackend:
                 "into quantized weights; quantize with it instead (onepass quantize --adapter)"
             )
         else:
+            # int8 is smoothed from activation statistics: measure them on the stored weights
             model = load_quantized(path, quantization, dtype=torch_dtype, attn=attn,
-                                   compute=working)
+                                   compute="stored" if working == "int8" else working)
         model = model.to(dev)
         if adapter is not None:
             from onepass.adapters import apply_adapter
 
             model = apply_adapter(model, adapter)
-        if quantization is None and working == "int8":
-            to_working_weights(model, "int8", torch_dtype)
+        if working == "int8":
+            from onepass.quant.smooth import activation_maxima, calibration_ids
+
+            maxima = activation_maxima(model, working_candidates(model),
+                                       calibration_ids(tokenizer))
+            to_working_weights(model, "int8", torch_dtype, maxima=maxima)
         backend = cls(
             model, tokenizer, name=name, cache_entries=cache_entries, cache_tokens=cache_tokens
         )

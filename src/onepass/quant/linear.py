@@ -68,7 +68,7 @@ class Int8Linear(nn.Module):
     0.83 on the probe set with PyTorch's per-tensor dynamic kernel)."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor,
-                 bias: torch.Tensor | None = None):
+                 bias: torch.Tensor | None = None, smooth: torch.Tensor | None = None):
         super().__init__()
         if qweight.dtype != torch.int8 or qweight.dim() != 2:
             raise ValueError(f"expected a 2-D int8 weight, got {qweight.dtype} "
@@ -81,25 +81,42 @@ class Int8Linear(nn.Module):
             self.register_buffer("bias", bias.detach().float().clone())
         else:
             self.bias = None
+        # SmoothQuant (quant/smooth.py): the int8 weight is W * s per input column; x / s is
+        # what gets rounded
+        if smooth is not None:
+            self.register_buffer("smooth", smooth.detach().float().reshape(-1).clone())
+        else:
+            self.smooth = None
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
-        """Quantize a float weight (symmetric, one scale per output channel)."""
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    smooth: torch.Tensor | None = None) -> Int8Linear:
+        """Quantize a float weight (symmetric, one scale per output channel), after scaling its
+        input columns by ``smooth`` when given."""
         from onepass.quant.formats import Int8Codec
 
+        weight = weight.detach().float()
+        if smooth is not None:
+            weight = weight * smooth.float()[None, :]
         encoded = Int8Codec().encode(weight)
-        return cls(encoded["qweight"], encoded["scale"], bias)
+        return cls(encoded["qweight"], encoded["scale"], bias, smooth)
 
     def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(int8 weight ``[out, in]``, float32 scale ``[out]``)."""
+        """(int8 weight ``[out, in]``, float32 scale ``[out]``), smoothing included."""
         return self.qweight_t.t().contiguous(), self.scale.reshape(-1).clone()
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight in the input's own space (the smoothing divided back out)."""
         weight, scale = self.int8_weight()
-        return (weight.float() * scale[:, None]).to(dtype)
+        weight = weight.float() * scale[:, None]
+        if self.smooth is not None:
+            weight = weight / self.smooth[None, :]
+        return weight.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()
+        if self.smooth is not None:
+            flat = flat / self.smooth
         # max |x| per token without an |x| copy; in-place steps: this runs on every layer
         top = torch.maximum(flat.amax(dim=1, keepdim=True), flat.amin(dim=1, keepdim=True).neg_())
         step = top.clamp_min_(1e-12).div_(127.0)
@@ -110,7 +127,8 @@ class Int8Linear(nn.Module):
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, format=int8 (per-token)"
+        smoothed = ", smoothed" if self.smooth is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, format=int8 (per-token{smoothed})"
 
 
 def decoder_linears(model: Any) -> list[tuple[str, nn.Linear]]:
@@ -152,11 +170,13 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def to_working_weights(model: Any, compute: str, dtype: torch.dtype,
-                       only: str | None = None) -> int:
+                       only: str | None = None,
+                       maxima: dict[str, torch.Tensor] | None = None) -> int:
     """Decode every decoder linear ONCE into fast working weights; returns how many changed.
 
     ``int8``: :class:`Int8Linear` (a stored layer re-quantized per output channel; a float one
-    quantized); ``float``: a plain ``nn.Linear`` in ``dtype`` (what a float model runs).
+    quantized), smoothed where ``maxima`` (:func:`onepass.quant.smooth.activation_maxima`)
+    names the layer; ``float``: a plain ``nn.Linear`` in ``dtype`` (what a float model runs).
     ``only`` limits it to the layer of that name."""
     if compute not in ("int8", "float"):
         raise ValueError(f"compute: expected int8 or float, got {compute!r}")
@@ -166,12 +186,19 @@ def to_working_weights(model: Any, compute: str, dtype: torch.dtype,
             continue
         bias = module.bias
         if compute == "int8":
-            if isinstance(module, Int8Linear):
+            smoothed = maxima is not None and name in maxima
+            if isinstance(module, Int8Linear) and (module.smooth is not None or not smoothed):
                 continue
-            weight = (module.dequantize(torch.float32) if isinstance(module, QuantizedLinear)
+            weight = (module.dequantize(torch.float32)
+                      if isinstance(module, (QuantizedLinear, Int8Linear))
                       else module.weight.detach().float())
+            smooth = None
+            if smoothed:
+                from onepass.quant.smooth import smoothing
+
+                smooth = smoothing(maxima[name], weight)  # type: ignore[index]
             new: nn.Module = Int8Linear.from_weight(
-                weight, None if bias is None else bias.detach().float())
+                weight, None if bias is None else bias.detach().float(), smooth)
         else:
             if not isinstance(module, (QuantizedLinear, Int8Linear)):
                 continue
