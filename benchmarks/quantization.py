@@ -13,6 +13,7 @@ requests (all cache misses), and the answers, compared with the float32 model's 
 agreement, mean total-variation distance).
 
     .venv/bin/python benchmarks/quantization.py [--threads 1] [--limit 100] [--model NAME]
+        [--rows "int8,fp8 int8"]
 """
 
 from __future__ import annotations
@@ -78,7 +79,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--plot", help="write a latency chart (PNG) here")
     parser.add_argument("--model", default=None, help="default: the embedded model")
+    parser.add_argument("--rows", default=None,
+                        help="comma-separated row names to run (default: every row; float32 "
+                        "and bfloat16 always run: the ratios need them)")
     args = parser.parse_args()
+    wanted = None if args.rows is None else {r.strip() for r in args.rows.split(",")}
 
     from onepass.commands.quantize import quantize
     from onepass.evaluate import compare_answers
@@ -101,6 +106,8 @@ def main() -> None:
                 ("fp4 e-int8", "fp4", "int8", "int8", "none"),
                 ("fp4 gptq", "fp4", "bfloat16", "stored", "gptq"),
                 ("fp4 +fp8", "fp4", "bfloat16", "stored", "keep")):
+            if wanted is not None and name not in wanted:
+                continue
             out = Path(tmp) / f"{scheme}-{embedding}-{calibration}"
             if not out.exists():
                 start = time.perf_counter()
