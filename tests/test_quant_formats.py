@@ -229,14 +229,15 @@ def test_smoothquant_moves_outlier_channels_into_the_weight():
     weight = torch.randn(96, 64) * 0.05
     x = torch.randn(32, 64)
     x[:, [3, 40]] *= 200.0
-    probe = torch.nn.Linear(64, 96, bias=False)
+    # the statistics: max |input| per channel over every token of every prompt
+    table = torch.nn.Embedding(32, 64)
     with torch.no_grad():
-        probe.weight.copy_(weight)
-    model = torch.nn.Sequential(probe)
-    maxima = activation_maxima(model, [("0", probe)], [[0]] * 0)  # no prompts: nothing seen
-    assert maxima == {}
-    maxima = {"0": x.abs().amax(dim=0)}
-    smooth = smoothing(maxima["0"], weight)
+        table.weight.copy_(x)
+    probe = torch.nn.Linear(64, 96, bias=False)
+    model = torch.nn.Sequential(table, probe)
+    maxima = activation_maxima(model, [("1", probe)], [list(range(16)), list(range(16, 32))])
+    assert torch.equal(maxima["1"], x.abs().amax(dim=0))
+    smooth = smoothing(maxima["1"], weight)
     smoothed = Int8Linear.from_weight(weight, smooth=smooth)
     plain = Int8Linear.from_weight(weight)
     # the weight in the input's own space (smoothing divided back out), up to int8 rounding
