@@ -1,5 +1,6 @@
 """Quantization on the embedded model: size on disk, resident memory, latency and agreement
-with the float32 model for float32 / bfloat16 / int8 / fp8 / fp4 (each quantized scheme with
+with the float32 model for float32 / bfloat16 / the float32 checkpoint with ``--compute int8``
+(SmoothQuant at load) / int8 / fp8 / fp4 (each quantized scheme with
 its working weights: ``int8`` = decoded once for PyTorch's int8 kernel, ``stored`` = decoded on
 every forward), plus fp4 with an int8 embedding. fp4 rows are plain round-to-nearest
 (``--calibration-dataset none``) unless the row says ``gptq`` (calibrated on the shipped
@@ -92,9 +93,12 @@ def main() -> None:
     float_dir = resolve(args.model).path
     disk = sum(f.stat().st_size for f in float_dir.glob("*.safetensors"))
     rows: dict[str, dict] = {}
-    for name, dtype in (("float32", "float32"), ("bfloat16", "bfloat16")):
-        rows[name] = in_fresh_process(args.model, args.threads, args.limit, dtype, "auto")
-        rows[name]["disk"] = disk if name == "float32" else disk // 2  # bf16: half the bytes
+    for name, dtype, compute in (("float32", "float32", "auto"), ("bfloat16", "bfloat16", "auto"),
+                                 ("f32→int8", "float32", "int8")):  # --compute int8 at load
+        if name == "f32→int8" and wanted is not None and name not in wanted:
+            continue
+        rows[name] = in_fresh_process(args.model, args.threads, args.limit, dtype, compute)
+        rows[name]["disk"] = disk // 2 if name == "bfloat16" else disk  # bf16: half the bytes
     with tempfile.TemporaryDirectory() as tmp:
         # (row, scheme, embedding codec, compute at load, fp4 calibration)
         for name, scheme, embedding, compute, calibration in (
