@@ -265,23 +265,72 @@ def test_split_packing_reads_the_same_numbers(engine):
     assert_same(split["answers"], engine.answer(MIXED)["answers"], tolerance(engine))
 
 
-@pytest.mark.parametrize("budget,pairs", [(4096, 1 << 40), (64, 1 << 40), (4096, 0)])
-def test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix(engine, budget, pairs):
+@pytest.mark.parametrize("budget,pairs,segmented", [
+    (4096, 1 << 40, False), (64, 1 << 40, False), (4096, 0, False),
+    (4096, 1 << 40, True), (64, 1 << 40, True), (4096, 0, True),
+])
+def test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix(engine, budget, pairs,
+                                                                         segmented):
     """On a miss the uncached prefix rides in the first packed forward, or gets its own
     forward when prefix + suffixes exceed the packing budget (64) or the merge would waste too
-    much attention (pairs 0); all read the naive numbers and leave the prefix in the cache."""
+    much attention (pairs 0); all read the naive numbers and leave the prefix in the cache.
+    ``segmented``: every group attends on its own (what a large request does) instead of one
+    dense masked call."""
     request = {**MIXED, "state": f"{MIXED['state']} (a state no other test uses: {budget} "
-                                 f"{pairs})"}
-    saved = engine.backend.max_packed_tokens, engine.backend.merge_pairs
+                                 f"{pairs} {segmented})"}
+    backend = engine.backend
+    saved = backend.max_packed_tokens, backend.merge_pairs, backend.segment_min_pairs
     try:
-        engine.backend.max_packed_tokens, engine.backend.merge_pairs = budget, pairs
+        backend.max_packed_tokens, backend.merge_pairs = budget, pairs
+        backend.segment_min_pairs = 0 if segmented else 1 << 60
         before = engine.backend.cache_stats()
         miss = engine.answer(request)
         after = engine.backend.cache_stats()
         hit = engine.answer(request)
     finally:
-        engine.backend.max_packed_tokens, engine.backend.merge_pairs = saved
+        backend.max_packed_tokens, backend.merge_pairs, backend.segment_min_pairs = saved
     assert after.misses + after.partial_hits == before.misses + before.partial_hits + 1
     assert miss["usage"]["cached_tokens"] < hit["usage"]["cached_tokens"]
     assert_same(miss["answers"], engine.answer(request, naive=True)["answers"], tolerance(engine))
     assert_same(hit["answers"], miss["answers"], tolerance(engine))
+
+
+def test_a_large_request_attends_per_suffix_and_reads_the_naive_numbers(engine, monkeypatch):
+    """Eight questions longer together than their state take the per-suffix attention (no
+    dense mask that would score each suffix against the others' keys) and still read each
+    prompt's naive full-forward numbers."""
+    backend = engine.backend
+    taken = []
+    plan = backend._suffix_segments
+    monkeypatch.setattr(backend, "_suffix_segments",
+                        lambda *a: taken.append(plan(*a)) or taken[-1])
+    state = " ".join(f"Ticket {i}: order {4000 + i} arrived late and damaged." for i in range(15))
+    crowd = {f"q{i}": {"type": "choice", "instructions": f"Which team handles ticket {i}?",
+                       "criteria": {"billing": "payments", "logistics": "shipping",
+                                    "support": "product help"}} for i in range(8)}
+    request = {"state": state, "questions": crowd}
+    backend.cache.clear()
+    fast = engine.answer(request)
+    assert taken and all(s is not None for s in taken)
+    assert_same(fast["answers"], engine.answer(request, naive=True)["answers"], tolerance(engine))
+
+
+def test_decisions_in_shared_steps_attend_per_suffix_and_read_the_naive_numbers(engine,
+                                                                                monkeypatch):
+    """Scored inside the scheduler's steps (as the server does), each suffix row attends to its
+    prefix's arena rows and its own only, and reads the naive numbers."""
+    backend = engine.backend
+    monkeypatch.setattr(engine, "scorer", engine.generator.scheduler.score)
+    taken = []
+    plan = backend._segments
+    monkeypatch.setattr(backend, "_segments", lambda *a: taken.append(plan(*a)) or taken[-1])
+    state = " ".join(f"Ticket {i}: order {5000 + i} was charged twice." for i in range(15))
+    crowd = {f"q{i}": {"type": "score", "instructions": f"How urgent is ticket {i}?",
+                       "criteria": ["routine", "soon", "today", "now"]} for i in range(8)}
+    request = {"state": state, "questions": crowd}
+    backend.cache.clear()
+    fast = engine.answer(request)
+    segmented = [s for s in taken if s is not None]
+    assert sum(len(s.items) for s in segmented) >= 9  # the prefix, then a row per suffix
+    monkeypatch.setattr(engine, "scorer", None)
+    assert_same(fast["answers"], engine.answer(request, naive=True)["answers"], tolerance(engine))

@@ -41,6 +41,9 @@ from onepass.quant.linear import to_working_weights, weight_bytes, working_candi
 
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 MERGE_PAIRS = 32768
+#: Below this many query x key pairs a packed forward keeps one dense masked attention call;
+#: above it (and when more than half the pairs are masked out) each group attends on its own.
+SEGMENT_MIN_PAIRS = 65536
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -129,6 +132,7 @@ class TorchBackend:
         if attention == "sdpa":  # same kernel, plus per-group attention in packed steps
             model.set_attn_implementation(packed_attention.NAME)
         self._segmented = self._bool_mask
+        self.segment_min_pairs = SEGMENT_MIN_PAIRS
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self.quantization: str | None = None
@@ -228,14 +232,17 @@ class TorchBackend:
         positions: torch.Tensor,
         past: KV | None,
         mask: Any = None,
+        segments: Segments | None = None,
     ) -> tuple[torch.Tensor, KV]:
         cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
+        extra = {"onepass_segments": segments} if segments is not None else {}
         out = self.decoder(
             input_ids=torch.tensor([list(ids)], device=self.device),
             position_ids=positions[None].to(self.device),
-            attention_mask=mask,
+            attention_mask=None if segments is not None else mask,
             cache=cache,
             use_cache=True,
+            **extra,
         )
         kv = tuple((layer.keys, layer.values) for layer in cache.layers)
         return out.last_hidden_state[0], kv
@@ -255,6 +262,43 @@ class TorchBackend:
             self.cache.put(prefix, kv)
         return kv
 
+    def _suffix_segments(
+        self, prefix_len: int, lengths: Sequence[int], fresh: int = 0
+    ) -> Segments | None:
+        """Per-group attention for one packed forward: the ``fresh`` prefix tokens attend to
+        the prefix causally, each suffix to the whole prefix and itself. A dense mask would
+        score every suffix against every other suffix's keys only to mask them out (on 16
+        questions over a 650-token state, half the attention's work); None keeps the dense
+        mask where that waste is small."""
+        if not self._segmented:
+            return None
+        keys_total = prefix_len + sum(lengths)
+        useful = fresh * prefix_len + sum(n * (prefix_len + n) for n in lengths)
+        if (fresh + sum(lengths)) * keys_total < max(2 * useful, self.segment_min_pairs):
+            return None
+        prefix_keys = torch.arange(prefix_len)
+        items = []
+        if fresh:
+            query_pos = torch.arange(prefix_len - fresh, prefix_len)
+            items.append(Segment(0, fresh, prefix_keys, True,
+                                 prefix_keys[None, :] <= query_pos[:, None],
+                                 prefix_keys, query_pos))
+        lo = fresh
+        for n in lengths:  # key rows: the prefix, then this suffix's own tokens
+            own = torch.arange(n)
+            keys = torch.cat([prefix_keys, prefix_len + lo - fresh + own])
+            allowed = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool),
+                                 torch.ones(n, n, dtype=torch.bool).tril()], dim=1)
+            items.append(Segment(lo, lo + n, keys, lo == fresh, allowed,
+                                 torch.cat([prefix_keys, prefix_len + own]), prefix_len + own))
+            lo += n
+        return Segments(items)
+
+    @staticmethod
+    def _packed_positions(prefix_len: int, lengths: Sequence[int], fresh: int) -> torch.Tensor:
+        offsets = torch.cat([torch.arange(n) for n in lengths])
+        return torch.cat([torch.arange(prefix_len - fresh, prefix_len), prefix_len + offsets])
+
     def _packed_mask(
         self, prefix_len: int, lengths: Sequence[int], fresh: int = 0
     ) -> tuple[Any, torch.Tensor]:
@@ -262,9 +306,8 @@ class TorchBackend:
         prefix tokens (not cached yet; causal among themselves) followed by the suffixes, each
         seeing the whole prefix and itself only."""
         block = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-        offsets = torch.cat([torch.arange(n) for n in lengths])
         past = prefix_len - fresh
-        positions = torch.cat([torch.arange(past, prefix_len), prefix_len + offsets])
+        positions = self._packed_positions(prefix_len, lengths, fresh)
         owner = torch.cat([torch.full((fresh,), -1), block])  # -1: a prefix token
         visible = ((owner[None, :] == -1) | (owner[None, :] == owner[:, None])) & (
             positions[None, :] <= positions[:, None]
@@ -347,9 +390,14 @@ class TorchBackend:
                 # On a miss the uncached prefix rides in the first packed forward (one pass
                 # over the weights instead of two); its key/values are cached from there.
                 lengths = [len(suffixes[i]) for i in group]
-                mask, positions = self._packed_mask(len(prefix), lengths, len(fresh))
+                segments = self._suffix_segments(len(prefix), lengths, len(fresh))
+                if segments is None:
+                    mask, positions = self._packed_mask(len(prefix), lengths, len(fresh))
+                else:
+                    mask, positions = None, self._packed_positions(len(prefix), lengths,
+                                                                   len(fresh))
                 packed = fresh + [t for i in group for t in suffixes[i]]
-                hidden, out_kv = self._forward(packed, positions, kv, mask)
+                hidden, out_kv = self._forward(packed, positions, kv, mask, segments)
                 if fresh:
                     kv = tuple((k[:, :, : len(prefix)].clone(), v[:, :, : len(prefix)].clone())
                                for k, v in out_kv)
@@ -522,26 +570,18 @@ class TorchBackend:
         its work (a prefill-heavy step of unrelated requests); None keeps the dense mask."""
         if not self._segmented:
             return None
-        groups: list[list[Any]] = []  # [group id, q_lo, q_hi, tables]
-        lo = 0
-        for r in rows:  # a group's rows are consecutive: one sequence, or one decision
-            gid = r.owner if r.parent is None else r.parent
-            hi = lo + len(r.tokens)
-            if groups and groups[-1][0] == gid:
-                groups[-1][2] = hi
-                groups[-1][3].append(r.table)
-            else:
-                groups.append([gid, lo, hi, [r.table, r.parent_table]])
-            lo = hi
-        keys = [torch.cat([arena.block_rows(t) for t in tables if t]).unique()
-                for *_, tables in groups]
-        useful = sum((g[2] - g[1]) * len(k) for g, k in zip(groups, keys))
-        if allowed.numel() < max(2 * useful, 65536):
+        # one group per row: a sequence's tokens, a decision's prefix chunk, or one decision
+        # suffix, which reads its parent's rows and its own (never the other suffixes')
+        bounds = torch.tensor([0] + [len(r.tokens) for r in rows]).cumsum(0).tolist()
+        keys = [torch.cat([arena.block_rows(t) for t in (r.table, r.parent_table) if t]).unique()
+                for r in rows]
+        useful = sum((hi - lo) * len(k) for lo, hi, k in zip(bounds, bounds[1:], keys))
+        if allowed.numel() < max(2 * useful, self.segment_min_pairs):
             return None
         return Segments([
-            Segment(q_lo, q_hi, k, int(k[-1]) - int(k[0]) + 1 == len(k),
-                    allowed[q_lo:q_hi][:, k], key_pos[k], positions[q_lo:q_hi])
-            for (_, q_lo, q_hi, _), k in zip(groups, keys)
+            Segment(lo, hi, k, int(k[-1]) - int(k[0]) + 1 == len(k),
+                    allowed[lo:hi][:, k], key_pos[k], positions[lo:hi])
+            for lo, hi, k in zip(bounds, bounds[1:], keys)
         ])
 
     @torch.inference_mode()
