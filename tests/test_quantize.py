@@ -341,3 +341,32 @@ def test_int8_embedding_shrinks_the_file_and_decodes_to_its_codec(tokenizer, tmp
     head = encode_embedding("int8", model.get_output_embeddings().weight)
     assert torch.equal(loaded.lm_head.weight, decode_embedding(
         "int8", {"weight": head[""], "scale": head["_scale"]}, torch.float32))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])  # untied; tied + scaled lookup
+def test_stored_compute_keeps_the_tables_in_their_codec_and_reads_the_same(family, tokenizer,
+                                                                          tmp_path):
+    """Under ``--compute stored`` the embedding / head stay int8 in memory (each read decodes
+    its rows only) and answer and generate exactly like the tables decoded at load."""
+    from onepass.quant.table import StoredEmbedding, StoredHead
+
+    model = tiny_model(family, len(tokenizer))
+    config = write_quantized(model, tokenizer, tmp_path, "fp4", embedding="int8",
+                             compute="stored")
+    stored, decoded = (TorchBackend.load(tmp_path, name="x", device="cpu", dtype="float32",
+                                         compute=c) for c in ("stored", "float32"))
+    embedding = stored.model.get_input_embeddings()
+    assert isinstance(embedding, StoredEmbedding) and isinstance(stored.lm_head, StoredHead)
+    assert (stored.lm_head.table is embedding.table) == model.config.tie_word_embeddings
+    tables = {id(t): t for t in (embedding.table, stored.lm_head.table)}.values()
+    table_bytes = sum(b.numel() * b.element_size() for t in tables for b in t.buffers())
+    assert table_bytes == config["bytes"]["embedding"]  # resident as in the file
+    fast = [DecisionEngine(b).answer(REQUEST)["answers"] for b in (stored, decoded)]
+    for name in REQUEST["questions"]:
+        assert probs(fast[0][name]) == pytest.approx(probs(fast[1][name]), abs=1e-5)
+    naive = DecisionEngine(stored).answer(REQUEST, naive=True)["answers"]
+    for name in REQUEST["questions"]:
+        assert probs(naive[name]) == pytest.approx(probs(fast[0][name]), abs=1e-4)
+    texts = [DecisionEngine(b).generate("Hello", max_tokens=8, temperature=0).text
+             for b in (stored, decoded)]
+    assert texts[0] == texts[1]

@@ -335,16 +335,24 @@ class TorchBackend:
             return masks, positions
         return build(self.window), positions
 
+    def _head_rows(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 output-head rows ``index`` (all rows for None); a stored table decodes only
+        those."""
+        rows = getattr(self.lm_head, "rows", None)
+        if rows is not None:
+            return rows(torch.arange(self.vocab_size) if index is None else index)
+        weight = self.lm_head.weight
+        return (weight if index is None else weight[index]).float()
+
     def _candidate_logits(
         self, hidden: torch.Tensor, candidates: Sequence[Sequence[int]]
     ) -> list[list[float]]:
         """Project each row only onto its candidates' output rows (not the whole vocabulary)."""
-        weight = self.lm_head.weight
         bias = getattr(self.lm_head, "bias", None)
         out = []
         for row, ids in zip(hidden, candidates):
-            index = torch.tensor(list(ids), device=weight.device)
-            logits = (weight[index].float() @ row.float())
+            index = torch.tensor(list(ids), device=self.device)
+            logits = self._head_rows(index) @ row.float()
             if bias is not None:
                 logits = logits + bias[index].float()
             if self.softcap:
@@ -418,7 +426,7 @@ class TorchBackend:
             hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0, -1]
             # the full vocabulary, projected in float32 like the fast path's candidate rows
             # (in bfloat16 the model's own head would round logits to ~3 digits)
-            row = self.lm_head.weight.float() @ hidden.float()
+            row = self._head_rows() @ hidden.float()
             bias = getattr(self.lm_head, "bias", None)
             if bias is not None:
                 row = row + bias.float()
@@ -438,7 +446,7 @@ class TorchBackend:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.lm_head.weight.shape[0])
+        return int(self.lm_head.out_features)
 
     @property
     def eos_ids(self) -> frozenset[int]:

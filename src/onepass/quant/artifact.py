@@ -52,6 +52,7 @@ from onepass.quant.formats import (
     Fp8Codec,
     Int8Codec,
     Mxfp4Codec,
+    Tensors,
     codec_for,
     decode_embedding,
     encode_embedding,
@@ -63,6 +64,7 @@ from onepass.quant.linear import (
     replace_module,
     to_working_weights,
 )
+from onepass.quant.table import install_stored_tables
 
 QUANT_CONFIG = "quantization_config.json"
 WEIGHTS = "model.safetensors"
@@ -318,17 +320,24 @@ def load_quantized(
         if compute in ("int8", "float"):  # one layer decoded at a time
             to_working_weights(model, compute, dtype, only=name)
     embedding = config.get("embedding") or {}
+    kept: dict[str, Tensors] = {}  # under `stored` the tables stay in their codec
     for name in embedding.get("tensors", []):
         scale = tensors.pop(f"{name}_scale", None)
         if name not in tensors:
             raise QuantizeError(f"{path / WEIGHTS}: no {name}: the file does not match its "
                                 "config.json")
         stored = {"weight": tensors.pop(name)} | ({} if scale is None else {"scale": scale})
-        tensors[name] = decode_embedding(embedding["codec"], stored, dtype)
+        if compute == "stored":
+            kept[name] = stored
+        else:
+            tensors[name] = decode_embedding(embedding["codec"], stored, dtype)
+    if kept:
+        install_stored_tables(model, embedding["codec"], kept, dtype)
     _, unexpected = model.load_state_dict(
         {name: tensor.to(dtype) for name, tensor in tensors.items()}, strict=False, assign=True
     )
-    model.tie_weights()
+    if not kept:
+        model.tie_weights()
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing or unexpected:
         raise QuantizeError(f"{path / WEIGHTS}: missing {missing[:5]}, unexpected "

@@ -171,9 +171,10 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
                     f"({size['disk_ratio']:.2f}x float32)")
     summary.add_row(f"resident weights ({size['compute']})",
                     f"{size['resident_bytes'] / 2**20:.1f} MiB ({size['resident_ratio']:.2f}x)")
-    summary.add_row("resident weights (stored)",
-                    f"{size['resident_stored_bytes'] / 2**20:.1f} MiB "
-                    f"({size['resident_stored_ratio']:.2f}x)")
+    if size["compute"] != "stored":
+        summary.add_row("resident weights (stored)",
+                        f"{size['resident_stored_bytes'] / 2**20:.1f} MiB "
+                        f"({size['resident_stored_ratio']:.2f}x)")
     summary.add_row("median latency", f"{latency['median_seconds'] * 1e3:.0f} ms (float "
                     f"{latency['float_median_seconds'] * 1e3:.0f} ms)")
     console.print(summary)
