@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Start real vLLM and SGLang on a CUDA machine and run the remote-engine agreement test against
+# First: fp8 compute on the GPU's tensor cores (torch._scaled_mm, --compute fp8) answers the
+# 100 probe requests like the float model (tests/test_quantize.py, skipped off such GPUs).
+# Then: start real vLLM and SGLang on a CUDA machine and run the remote-engine agreement test against
 # each (tests/test_backend_remote_live.py::test_external_engine_agrees: argmax agreement >= 0.95,
 # mean TV <= 0.05 vs the in-process torch backend). Needs a GPU, network for pip, and the model
 # as a hub id or local checkpoint directory whose tokenizer matches onepass's embedded default.
@@ -29,6 +31,9 @@ run_engine() {  # name venv install-spec start-command... (port 8300)
     ONEPASS_REMOTE_MODEL=$MODEL .venv/bin/python -m pytest -q -s \
         tests/test_backend_remote_live.py::test_external_engine_agrees
 }
+
+.venv/bin/python -m pytest -q -s \
+    tests/test_quantize.py::test_fp8_compute_on_a_gpu_answers_like_the_float_model
 
 run_engine vllm .venv-vllm "vllm==$VLLM_VERSION" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL" --port 8300 --enable-prefix-caching --enable-prompt-tokens-details

@@ -156,7 +156,8 @@ class TorchBackend:
     ) -> TorchBackend:
         """``compute`` picks the decoder linears' working weights: ``stored`` (as the checkpoint
         has them; a quantized artifact decodes per forward), ``int8`` (per-channel int8 weights,
-        SmoothQuant-scaled, per-token int8 activations on the VNNI units), ``bfloat16`` /
+        SmoothQuant-scaled, per-token int8 activations on the VNNI units), ``fp8`` (E4M3
+        weights and per-token activations on a GPU's fp8 tensor cores), ``bfloat16`` /
         ``float32`` / ``float16`` (that dtype, decoded once); None: the artifact's recorded
         choice, else ``auto`` (a quantized artifact decoded once into the model's dtype, a float
         checkpoint as it is)."""
@@ -169,7 +170,8 @@ class TorchBackend:
             dtype = compute  # the float working weights are the model's dtype
         torch_dtype = pick_dtype(dtype, dev)
         # a float checkpoint runs as stored unless int8 is asked for by name
-        working = resolve_compute(compute, dev) if quantization or compute == "int8" else "float"
+        working = (resolve_compute(compute, dev) if quantization or compute in ("int8", "fp8")
+                   else "float")
         # Gemma 2 caps attention logits, which only the eager kernel implements.
         attn = "eager" if family == "gemma2" else "sdpa"
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -197,6 +199,8 @@ class TorchBackend:
             maxima = activation_maxima(model, working_candidates(model),
                                        calibration_ids(tokenizer))
             to_working_weights(model, "int8", torch_dtype, maxima=maxima)
+        elif working == "fp8" and not quantization:
+            to_working_weights(model, "fp8", torch_dtype)
         backend = cls(
             model, tokenizer, name=name, cache_entries=cache_entries, cache_tokens=cache_tokens
         )

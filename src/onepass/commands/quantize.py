@@ -1,12 +1,13 @@
 """Post-training quantization: merge an optional LoRA adapter, then write the decoder's linear
 weights as FP8 (E4M3, per-output-channel scales), MXFP4 (E2M1 + one E8M0 exponent per 32
-weights) or int8 (per-output-channel scales), and the token embedding / output head in
-bfloat16 (or int8 per row, `--embedding`). OUT is complete (weights, quantization_config.json,
-config, tokenizer): serve it with `onepass serve --model OUT`. At load each layer becomes
-working weights once (`--compute`, recorded in OUT): auto = the model's float dtype decoded
-once (bfloat16 on a CPU with bf16 units), `int8` (int8 matmuls on VNNI: fast,
-but it quantizes activations too, per token, and moves answers more), or `stored` (kept as written,
-decoded per forward: least memory, slowest). `--quantization none` performs only the merge.
+weights) or int8 (per-output-channel scales), and the token embedding / output head in int8
+with one scale per row (or bfloat16, `--embedding`). OUT is complete (weights,
+quantization_config.json, config, tokenizer): serve it with `onepass serve --model OUT`. At
+load each layer becomes working weights once (`--compute`, recorded in OUT): auto = the
+model's float dtype decoded once (bfloat16 on a CPU with bf16 units), `int8` (int8 matmuls on
+VNNI: fast, but it quantizes activations too, per token, and moves answers more), `fp8` (fp8
+tensor cores of a CUDA GPU), or `stored` (kept as written, decoded per forward: least memory,
+slowest). `--quantization none` performs only the merge.
 
 fp4 is calibrated: GPTQ rounding (quant/calibrate.py) on real decision prompts rendered from
 `--calibration-dataset` (default: the shipped CLINC150 / BANKING77 train splits; a JSONL file
@@ -42,13 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the tensors left in high precision (norms, biases; "
                         "default float32)")
-    parser.add_argument("--embedding", default="bfloat16", choices=["bfloat16", "int8", "float32"],
-                        help="how the token embedding / output head is stored (default "
-                        "bfloat16; int8: one scale per row)")
+    parser.add_argument("--embedding", default="int8", choices=["int8", "bfloat16", "float32"],
+                        help="how the token embedding / output head is stored (default int8: "
+                        "one scale per row)")
     parser.add_argument("--compute", default="auto",
-                        choices=["auto", "int8", "bfloat16", "float32", "float16", "stored"],
+                        choices=["auto", "int8", "fp8", "bfloat16", "float32", "float16",
+                                 "stored"],
                         help="working weights a load builds once (default auto: the model's "
-                        "dtype; int8: VNNI kernel; stored: decode every forward)")
+                        "dtype; int8: VNNI kernel; fp8: a GPU's fp8 units; stored: decode every "
+                        "forward)")
     parser.add_argument("--calibration-dataset", metavar="FILE|NAME",
                         help="prompts fp4's GPTQ rounding is calibrated on: shipped (default: "
                         "CLINC150 + BANKING77 train), clinc150, banking77, a JSONL file of "
@@ -90,7 +93,7 @@ def quantize(
     dtype: str = "float32",
     show_progress: bool = False,
     *,
-    embedding: str = "bfloat16",
+    embedding: str = "int8",
     compute: str = "auto",
     calibration_dataset: str | None = None,
     calibration_samples: int | None = None,

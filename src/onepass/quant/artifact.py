@@ -70,7 +70,7 @@ QUANT_CONFIG = "quantization_config.json"
 WEIGHTS = "model.safetensors"
 FORMAT = "onepass-quantized"
 SCHEMES = ("none", "fp8", "fp4", "int8")
-COMPUTES = ("auto", "int8", "stored", "float32", "bfloat16", "float16")
+COMPUTES = ("auto", "int8", "fp8", "stored", "float32", "bfloat16", "float16")
 WEIGHT_DESCRIPTIONS = {
     "fp8": "float8 E4M3, one float32 scale per output channel",
     "fp4": "MXFP4: E2M1 pairs per byte (low nibble first), one E8M0 exponent per 32 input "
@@ -135,7 +135,23 @@ def resolve_compute(compute: str, device: torch.device) -> str:
     if compute == "int8" and (device.type != "cpu" or not cpu_has_int8_dot()):
         raise QuantizeError(f"compute int8 needs a CPU with int8 dot-product units (VNNI), "
                             f"not {device.type}: choose bfloat16 or stored")
-    return compute if compute in ("int8", "stored") else "float"
+    if compute == "fp8" and not gpu_has_fp8(device):
+        raise QuantizeError("compute fp8 needs a GPU with fp8 units (CUDA compute capability "
+                            f"8.9+: Ada, Hopper, Blackwell), not {_device_words(device)}: "
+                            "choose int8 (a CPU with VNNI), bfloat16 or stored")
+    return compute if compute in ("int8", "fp8", "stored") else "float"
+
+
+def gpu_has_fp8(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA GPU whose tensor cores multiply fp8 (``torch._scaled_mm``)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _device_words(device: torch.device) -> str:
+    if device.type != "cuda":
+        return f"a {device.type} device"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} (capability {major}.{minor})"
 
 
 def _embedding_names(model: Any) -> set[str]:
@@ -180,7 +196,7 @@ def write_quantized(
     scheme: str,
     *,
     dtype: torch.dtype = torch.float32,
-    embedding: str = "bfloat16",
+    embedding: str = "int8",
     compute: str = "auto",
     provenance: dict[str, Any] | None = None,
     progress: Callable[[], None] | None = None,
@@ -317,7 +333,7 @@ def load_quantized(
                                     {"qweight": qweight, "scale": scale[:, None]
                                      if isinstance(codec, Int8Codec) else scale}, bias)
         replace_module(model, name, layer)
-        if compute in ("int8", "float"):  # one layer decoded at a time
+        if compute in ("int8", "fp8", "float"):  # one layer decoded at a time
             to_working_weights(model, compute, dtype, only=name)
     embedding = config.get("embedding") or {}
     kept: dict[str, Tensors] = {}  # under `stored` the tables stay in their codec

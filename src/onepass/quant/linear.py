@@ -131,6 +131,59 @@ class Int8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, format=int8 (per-token{smoothed})"
 
 
+class Fp8Linear(nn.Module):
+    """``y = x W^T + b`` on fp8 matrix units: ``torch._scaled_mm`` multiplies an E4M3 weight
+    (one float32 scale per output row: an fp8 artifact's own tensors, used as stored) by the
+    activations rounded to E4M3 with one scale per token, accumulating in higher precision.
+    GPUs with fp8 tensor cores (CUDA compute capability 8.9+: Ada, Hopper, Blackwell) run it
+    natively; PyTorch's CPU kernel computes the same numbers about 3x slower than bfloat16, so
+    loading refuses ``fp8`` on a CPU (tests use the CPU kernel to check the arithmetic)."""
+
+    E4M3_MAX = 448.0
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        if weight.dtype == torch.uint8:  # an artifact's raw E4M3 bytes
+            weight = weight.view(torch.float8_e4m3fn)
+        if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
+            raise ValueError(f"expected a 2-D float8_e4m3fn weight, got {weight.dtype} "
+                             f"{tuple(weight.shape)}")
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.detach().contiguous())
+        self.register_buffer("scale", scale.detach().reshape(1, -1).float().contiguous())
+        if bias is not None:
+            self.register_buffer("bias", bias.detach().float().clone())
+        else:
+            self.bias = None
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Fp8Linear:
+        from onepass.quant.formats import Fp8Codec
+
+        encoded = Fp8Codec().encode(weight.detach().float())
+        return cls(encoded["qweight"], encoded["scale"], bias)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.weight.float() * self.scale.reshape(-1, 1)).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float()
+        rows = flat.shape[0]
+        if flat.is_cuda and rows % 16:  # the CUDA kernel wants whole tiles of 16 rows
+            flat = F.pad(flat, (0, 0, 0, 16 - rows % 16))
+        step = flat.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(self.E4M3_MAX)
+        q = (flat / step).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(q, self.weight.t(), scale_a=step, scale_b=self.scale,
+                             out_dtype=torch.bfloat16)[:rows].float()
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, format=fp8 (per-token)"
+
+
 def decoder_linears(model: Any) -> list[tuple[str, nn.Linear]]:
     """Every ``nn.Linear`` inside the decoder stack, by its name in ``model``.
 
@@ -176,31 +229,43 @@ def to_working_weights(model: Any, compute: str, dtype: torch.dtype,
 
     ``int8``: :class:`Int8Linear` (a stored layer re-quantized per output channel; a float one
     quantized), smoothed where ``maxima`` (:func:`onepass.quant.smooth.activation_maxima`)
-    names the layer; ``float``: a plain ``nn.Linear`` in ``dtype`` (what a float model runs).
-    ``only`` limits it to the layer of that name."""
-    if compute not in ("int8", "float"):
-        raise ValueError(f"compute: expected int8 or float, got {compute!r}")
+    names the layer; ``fp8``: :class:`Fp8Linear` (an fp8 layer's stored tensors as they are,
+    anything else encoded to fp8); ``float``: a plain ``nn.Linear`` in ``dtype`` (what a float
+    model runs). ``only`` limits it to the layer of that name."""
+    if compute not in ("int8", "fp8", "float"):
+        raise ValueError(f"compute: expected int8, fp8 or float, got {compute!r}")
     changed = 0
     for name, module in working_candidates(model):
         if only is not None and name != only:
             continue
         bias = module.bias
-        if compute == "int8":
+        if compute == "fp8":
+            if isinstance(module, Fp8Linear):
+                continue
+            stored = module.tensors() if isinstance(module, QuantizedLinear) else {}
+            if isinstance(module, QuantizedLinear) and module.codec.name == "fp8":
+                new: nn.Module = Fp8Linear(stored["qweight"], stored["scale"], bias)
+            else:
+                weight = (module.dequantize(torch.float32)
+                          if isinstance(module, (QuantizedLinear, Int8Linear))
+                          else module.weight.detach().float())
+                new = Fp8Linear.from_weight(weight, bias)
+        elif compute == "int8":
             smoothed = maxima is not None and name in maxima
             if isinstance(module, Int8Linear) and (module.smooth is not None or not smoothed):
                 continue
             weight = (module.dequantize(torch.float32)
-                      if isinstance(module, (QuantizedLinear, Int8Linear))
+                      if isinstance(module, (QuantizedLinear, Int8Linear, Fp8Linear))
                       else module.weight.detach().float())
             smooth = None
             if smoothed:
                 from onepass.quant.smooth import smoothing
 
                 smooth = smoothing(maxima[name], weight)  # type: ignore[index]
-            new: nn.Module = Int8Linear.from_weight(
+            new = Int8Linear.from_weight(
                 weight, None if bias is None else bias.detach().float(), smooth)
         else:
-            if not isinstance(module, (QuantizedLinear, Int8Linear)):
+            if not isinstance(module, (QuantizedLinear, Int8Linear, Fp8Linear)):
                 continue
             weight = module.dequantize(dtype)
             new = nn.Linear(module.in_features, module.out_features, bias=bias is not None,
@@ -218,6 +283,6 @@ def to_working_weights(model: Any, compute: str, dtype: torch.dtype,
 def working_candidates(model: Any) -> list[tuple[str, nn.Module]]:
     """The decoder's linear layers in any form: float, stored-quantized or int8."""
     inside = {id(module) for module in model.get_decoder().modules()}
-    kinds = (nn.Linear, QuantizedLinear, Int8Linear)
+    kinds = (nn.Linear, QuantizedLinear, Int8Linear, Fp8Linear)
     return [(name, module) for name, module in model.named_modules()
             if isinstance(module, kinds) and id(module) in inside]
