@@ -2,12 +2,13 @@
 with the float32 model for float32 / bfloat16 / the float32 checkpoint with ``--compute int8``
 (SmoothQuant at load) / int8 / fp8 / fp4 (each quantized scheme with
 its working weights: ``int8`` = decoded once for PyTorch's int8 kernel, ``stored`` = decoded on
-every forward), plus fp4 with an int8 embedding. fp4 rows are plain round-to-nearest
-(``--calibration-dataset none``) unless the row says ``gptq`` (calibrated on the shipped
-datasets' train splits) or ``+fp8`` (GPTQ with the 4 layers of largest output error kept at
-fp8, ``--keep-fp8 auto:4``). Prints one table from one run.
+every forward, ``auto`` = decoded once into the model's float dtype). fp4 rows are plain
+round-to-nearest (``--calibration-dataset none``) unless the row says ``gptq`` (calibrated on
+the shipped datasets' train splits) or ``+fp8`` (GPTQ with the 16 layers of largest output
+error kept at fp8, ``--keep-fp8 auto``). Prints one table from one run.
 
-Each scheme is written by `onepass quantize` (embedding bfloat16 unless the row says int8) into
+Each scheme is written by `onepass quantize` (the default int8 embedding / head table unless
+the row says ``e-bf16``) into
 a temporary directory, then measured in a fresh process (so resident memory is its own):
 resident set size after load, bytes of resident weights, per-request latency over the probe
 requests (all cache misses), and the answers, compared with the float32 model's (argmax
@@ -102,14 +103,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # (row, scheme, embedding codec, compute at load, fp4 calibration)
         for name, scheme, embedding, compute, calibration in (
-                ("int8", "int8", "bfloat16", "int8", None),
-                ("fp8 int8", "fp8", "bfloat16", "int8", None),
-                ("fp8 stored", "fp8", "bfloat16", "stored", None),
-                ("fp4 int8", "fp4", "bfloat16", "int8", "none"),
-                ("fp4 stored", "fp4", "bfloat16", "stored", "none"),
-                ("fp4 e-int8", "fp4", "int8", "int8", "none"),
-                ("fp4 gptq", "fp4", "bfloat16", "stored", "gptq"),
-                ("fp4 +fp8", "fp4", "bfloat16", "stored", "keep")):
+                ("int8", "int8", "int8", "int8", None),
+                ("int8 auto", "int8", "int8", "auto", None),  # int8 weights, float compute
+                ("fp8 int8", "fp8", "int8", "int8", None),
+                ("fp8 stored", "fp8", "int8", "stored", None),
+                ("fp8 e-bf16", "fp8", "bfloat16", "stored", None),
+                ("fp4 int8", "fp4", "int8", "int8", "none"),
+                ("fp4 stored", "fp4", "int8", "stored", "none"),
+                ("fp4 e-bf16", "fp4", "bfloat16", "stored", "none"),
+                ("fp4 gptq", "fp4", "int8", "stored", "gptq"),
+                ("fp4 +fp8", "fp4", "int8", "stored", "keep")):
             if wanted is not None and name not in wanted:
                 continue
             out = Path(tmp) / f"{scheme}-{embedding}-{calibration}"
@@ -117,7 +120,7 @@ def main() -> None:
                 start = time.perf_counter()
                 quantize(args.model, None, scheme, out, embedding=embedding,
                          calibration_dataset="none" if calibration == "none" else None,
-                         keep_fp8="auto:4" if calibration == "keep" else None)
+                         keep_fp8="auto" if calibration == "keep" else None)
                 print(f"quantized {scheme} (embedding {embedding}, calibration {calibration}) "
                       f"in {time.perf_counter() - start:.1f} s", file=sys.stderr)
             rows[name] = in_fresh_process(str(out), args.threads, args.limit, "auto", compute)

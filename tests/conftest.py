@@ -43,6 +43,16 @@ def engine():
     return DecisionEngine.from_pretrained(dtype="float32")
 
 
+@pytest.fixture(scope="session")
+def probe_reference(engine, data_dir):
+    """The 100 probe requests and the float32 engine's answers: the reference every quantized
+    variant is compared with, computed once per run."""
+    from onepass.commands.quantize import default_probes
+
+    requests = default_probes(data_dir)
+    return requests, [engine.answer(r) for r in requests]
+
+
 def running_in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 

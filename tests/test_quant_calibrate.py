@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -191,10 +190,7 @@ def test_report_writes_what_was_traded(tmp_path, data_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ONEPASS_QUANT_PROOF"),
-                    reason="400 probe answers + GPTQ: ~10 min on 2 cores; ONEPASS_QUANT_PROOF=1 "
-                    "runs it (out of the default run until it is cut to fit)")
-def test_calibrated_fp4_agrees_with_float_more_than_plain_fp4(engine, data_dir):
+def test_calibrated_fp4_agrees_with_float_more_than_plain_fp4(engine, data_dir, probe_reference):
     """Over the 100 probe requests (the prompts are fixed; the calibration records a seeded
     draw from the train splits): GPTQ lowers every layer's output error and the mean TV, and
     with the layers plain rounding hurts most kept at fp8 (--keep-fp8 auto) the top answer
@@ -202,12 +198,10 @@ def test_calibrated_fp4_agrees_with_float_more_than_plain_fp4(engine, data_dir):
     import copy
 
     from onepass.commands.merge import load_merged
-    from onepass.commands.quantize import default_probes
     from onepass.evaluate import compare_answers
     from onepass.quant.linear import decoder_linears
 
-    probes = default_probes(data_dir)
-    reference = [engine.answer(r) for r in probes]
+    probes, reference = probe_reference  # ~2.5 min in all on 2 cores
     model, tokenizer = load_merged(resolve(), None)
     prompts = cal.prompt_ids(engine, cal.calibration_requests(None, cal.DEFAULT_SAMPLES,
                                                               data_dir))

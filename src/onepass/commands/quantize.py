@@ -1,7 +1,7 @@
 """Post-training quantization: merge an optional LoRA adapter, then write the decoder's linear
 weights as FP8 (E4M3, per-output-channel scales), MXFP4 (E2M1 + one E8M0 exponent per 32
 weights) or int8 (per-output-channel scales), and the token embedding / output head in int8
-with one scale per row (or bfloat16, `--embedding`). OUT is complete (weights,
+with one scale per row for fp8/fp4, bfloat16 for int8 (`--embedding`). OUT is complete (weights,
 quantization_config.json, config, tokenizer): serve it with `onepass serve --model OUT`. At
 load each layer becomes working weights once (`--compute`, recorded in OUT): auto = the
 model's float dtype decoded once (bfloat16 on a CPU with bf16 units), `int8` (int8 matmuls on
@@ -43,9 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the tensors left in high precision (norms, biases; "
                         "default float32)")
-    parser.add_argument("--embedding", default="int8", choices=["int8", "bfloat16", "float32"],
-                        help="how the token embedding / output head is stored (default int8: "
-                        "one scale per row)")
+    parser.add_argument("--embedding", default="auto",
+                        choices=["auto", "int8", "bfloat16", "float32"],
+                        help="how the token embedding / output head is stored (default auto: "
+                        "int8 with one scale per row for fp8/fp4, bfloat16 for int8)")
     parser.add_argument("--compute", default="auto",
                         choices=["auto", "int8", "fp8", "bfloat16", "float32", "float16",
                                  "stored"],
@@ -93,7 +94,7 @@ def quantize(
     dtype: str = "float32",
     show_progress: bool = False,
     *,
-    embedding: str = "int8",
+    embedding: str = "auto",
     compute: str = "auto",
     calibration_dataset: str | None = None,
     calibration_samples: int | None = None,

@@ -142,6 +142,14 @@ def resolve_compute(compute: str, device: torch.device) -> str:
     return compute if compute in ("int8", "fp8", "stored") else "float"
 
 
+def default_embedding(scheme: str) -> str:
+    """The table codec ``--embedding auto`` picks: int8 per row where the scheme is about
+    memory (fp8, fp4: it brings them to 0.25x / 0.16x of float32 at the same mean TV),
+    bfloat16 for the int8 scheme, which is about near-float answers at int8 speed (an int8
+    table moved its probe agreement from 0.97 to 0.95)."""
+    return "bfloat16" if scheme == "int8" else "int8"
+
+
 def gpu_has_fp8(device: torch.device) -> bool:
     """Whether ``device`` is a CUDA GPU whose tensor cores multiply fp8 (``torch._scaled_mm``)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -196,7 +204,7 @@ def write_quantized(
     scheme: str,
     *,
     dtype: torch.dtype = torch.float32,
-    embedding: str = "int8",
+    embedding: str = "auto",
     compute: str = "auto",
     provenance: dict[str, Any] | None = None,
     progress: Callable[[], None] | None = None,
@@ -212,6 +220,8 @@ def write_quantized(
 
     codec = codec_for(scheme)
     layer_schemes = dict(layer_schemes or {})
+    if embedding == "auto":
+        embedding = default_embedding(scheme)
     if embedding not in EMBEDDING_CODECS:
         raise QuantizeError(f"embedding: expected one of {', '.join(EMBEDDING_CODECS)}, got "
                             f"{embedding!r}")
