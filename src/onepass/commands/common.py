@@ -132,13 +132,15 @@ def add_model_arguments(
     env_argument(g, "--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                  help="default: auto")
     env_argument(g, "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                 help="default: auto (float32 on CPU, bfloat16/float16 on GPU)")
-    env_argument(g, "--compute", choices=["auto", "stored", "int8", "float32", "bfloat16",
-                                          "float16"],
+                 help="default: auto (bfloat16 on a CPU with native bfloat16 units, else "
+                 "float32; bfloat16/float16 on GPU)")
+    env_argument(g, "--compute", choices=["auto", "stored", "int8", "fp8", "float32",
+                                          "bfloat16", "float16"],
                  help="torch: the decoder linears' working weights: auto (the model's dtype; "
                  "a quantized artifact decoded once), stored (decode every forward: least "
-                 "memory), int8 (VNNI kernels: faster, moves answers more), or a float dtype "
-                 "(default: what the artifact recorded, else auto)")
+                 "memory), int8 (VNNI kernels: faster, moves answers more), fp8 (a GPU's fp8 "
+                 "tensor cores), or a float dtype (default: what the artifact recorded, else "
+                 "auto)")
     env_argument(g, "--context-path",
                  help="a system context file (policy, memory) prefilled once at start-up")
     env_argument(g, "--session-cache-entries", type=non_negative_int, default=16,
