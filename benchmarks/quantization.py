@@ -149,10 +149,11 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, ax = plt.subplots(figsize=(9, 4))
         names = list(rows)
         data = [[s * 1e3 for s in rows[n]["seconds"]] for n in names]
         ax.boxplot(data, tick_labels=names)
+        ax.tick_params(axis="x", labelrotation=40)
         ax.set_ylabel("ms per request (cache miss)")
         ax.set_title("onepass: latency by weight format")
         fig.tight_layout()
