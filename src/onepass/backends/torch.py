@@ -238,12 +238,14 @@ class TorchBackend:
         mask: Any = None,
         segments: Segments | None = None,
     ) -> tuple[torch.Tensor, KV]:
+        """One forward over ``ids``: under ``mask``, or, given ``segments``, attention per
+        group (then ``mask`` is None)."""
         cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
         extra = {"onepass_segments": segments} if segments is not None else {}
         out = self.decoder(
             input_ids=torch.tensor([list(ids)], device=self.device),
             position_ids=positions[None].to(self.device),
-            attention_mask=None if segments is not None else mask,
+            attention_mask=mask,
             cache=cache,
             use_cache=True,
             **extra,

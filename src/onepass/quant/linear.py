@@ -242,21 +242,16 @@ def to_working_weights(model: Any, compute: str, dtype: torch.dtype,
         if compute == "fp8":
             if isinstance(module, Fp8Linear):
                 continue
-            stored = module.tensors() if isinstance(module, QuantizedLinear) else {}
             if isinstance(module, QuantizedLinear) and module.codec.name == "fp8":
+                stored = module.tensors()
                 new: nn.Module = Fp8Linear(stored["qweight"], stored["scale"], bias)
             else:
-                weight = (module.dequantize(torch.float32)
-                          if isinstance(module, (QuantizedLinear, Int8Linear))
-                          else module.weight.detach().float())
-                new = Fp8Linear.from_weight(weight, bias)
+                new = Fp8Linear.from_weight(_float_weight(module), bias)
         elif compute == "int8":
             smoothed = maxima is not None and name in maxima
             if isinstance(module, Int8Linear) and (module.smooth is not None or not smoothed):
                 continue
-            weight = (module.dequantize(torch.float32)
-                      if isinstance(module, (QuantizedLinear, Int8Linear, Fp8Linear))
-                      else module.weight.detach().float())
+            weight = _float_weight(module)
             smooth = None
             if smoothed:
                 from onepass.quant.smooth import smoothing
@@ -278,6 +273,13 @@ def to_working_weights(model: Any, compute: str, dtype: torch.dtype,
         replace_module(model, name, new)
         changed += 1
     return changed
+
+
+def _float_weight(module: nn.Module) -> torch.Tensor:
+    """The float32 weight a decoder linear in any form stands for."""
+    if isinstance(module, nn.Linear):
+        return module.weight.detach().float()
+    return module.dequantize(torch.float32)  # type: ignore[operator]
 
 
 def working_candidates(model: Any) -> list[tuple[str, nn.Module]]:
