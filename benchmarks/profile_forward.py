@@ -36,6 +36,7 @@ MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_i
               "aten::mkldnn_linear", "aten::_mkl_linear"}
 ATTENTION_KERNEL = ("scaled_dot_product", "flash_attention")
 #: module class-name endings -> the share they are reported under (time minus nested linears)
+LABEL = "onepass::"  # the prefix of this script's profiler ranges
 MODULE_GROUPS = {"RMSNorm": "norms", "Attention": "attention (rest)", "MLP": "MLP activation",
                  "RotaryEmbedding": "attention (rest)"}
 
@@ -56,12 +57,11 @@ def label_modules(model: torch.nn.Module) -> list:
     handles = []
     for module in model.modules():
         kind = type(module).__name__
-        group = next((g for end, g in MODULE_GROUPS.items() if kind.endswith(end)), None)
-        if group is None:
+        if _module_group(kind) is None:
             continue
         ranges: list = []
 
-        def enter(mod, args, ranges=ranges, name=f"onepass::{kind}"):
+        def enter(mod, args, ranges=ranges, name=f"{LABEL}{kind}"):
             ranges.append(record_function(name))
             ranges[-1].__enter__()
 
@@ -83,48 +83,52 @@ def wrap_method(obj, name: str, label: str) -> None:
 
 
 def split(prof, wall: float) -> tuple[dict[str, float], float]:
-    """Seconds per share of the profiled request, and its matmul FLOPs."""
-    events = {e.key: e for e in prof.key_averages()}
-    us = defaultdict(float)
+    """Seconds per share of the profiled request, and its matmul FLOPs. Kernels count by their
+    own time; a labelled range (module or method) counts its time minus the kernels and the
+    labelled ranges nested in it."""
+    us: dict[str, float] = defaultdict(float)
     flops = 0.0
-    for key, e in events.items():
-        if key in MATMUL_OPS:
-            us["linears (matmul)"] += e.self_cpu_time_total
+    for e in prof.events():
+        owner = _labelled_ancestor(e)
+        kernel = _kernel(e.name)
+        if kernel is not None:
+            us[kernel] += e.self_cpu_time_total
             flops += e.flops or 0
-        elif any(k in key for k in ATTENTION_KERNEL):
-            us["attention kernel"] += e.self_cpu_time_total
-    # module ranges are inclusive: subtract what ran inside them and is counted elsewhere
-    inside = defaultdict(float)
-    for e in prof.events():
-        if e.cpu_parent is None:
+            spent = e.self_cpu_time_total
+        elif e.name.startswith(LABEL):
+            us[_label_group(e.name)] += e.cpu_time_total
+            spent = e.cpu_time_total
+        else:
             continue
-        parent = e.cpu_parent
-        while parent is not None and not parent.name.startswith("onepass::"):
-            parent = parent.cpu_parent
-        counted = e.name in MATMUL_OPS or any(k in e.name for k in ATTENTION_KERNEL)
-        if parent is not None and counted:
-            inside[parent.name] += e.self_cpu_time_total
-    for key, e in events.items():
-        if key.startswith("onepass::"):
-            kind = key.removeprefix("onepass::")
-            group = next((g for end, g in MODULE_GROUPS.items() if kind.endswith(end)), kind)
-            us[group] += e.cpu_time_total - inside[key]
-    # nested module ranges (rotary inside attention) would count twice: take them out once
-    for e in prof.events():
-        if e.name.startswith("onepass::") and e.cpu_parent is not None:
-            parent = e.cpu_parent
-            while parent is not None and not parent.name.startswith("onepass::"):
-                parent = parent.cpu_parent
-            if parent is not None:
-                us[_group(parent.name)] -= e.cpu_time_total
+        if owner is not None:
+            us[_label_group(owner.name)] -= spent
     seconds = {k: v / 1e6 for k, v in us.items()}
     seconds["Python between ops, dispatch, other"] = wall - sum(seconds.values())
     return seconds, flops
 
 
-def _group(label: str) -> str:
-    kind = label.removeprefix("onepass::")
-    return next((g for end, g in MODULE_GROUPS.items() if kind.endswith(end)), kind)
+def _kernel(name: str) -> str | None:
+    if name in MATMUL_OPS:
+        return "linears (matmul)"
+    if any(k in name for k in ATTENTION_KERNEL):
+        return "attention kernel"
+    return None
+
+
+def _module_group(kind: str) -> str | None:
+    return next((g for end, g in MODULE_GROUPS.items() if kind.endswith(end)), None)
+
+
+def _label_group(label: str) -> str:
+    kind = label.removeprefix(LABEL)
+    return _module_group(kind) or kind
+
+
+def _labelled_ancestor(event):
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith(LABEL):
+        parent = parent.cpu_parent
+    return parent
 
 
 def profile_request(engine, fn, title: str, peak: float, repeats: int) -> None:
@@ -237,8 +241,8 @@ def main() -> None:
         engine.score_positions(text, positions)
 
     handles = label_modules(backend.decoder)
-    wrap_method(backend, "_packed_mask", "onepass::mask building")
-    wrap_method(backend, "_candidate_logits", "onepass::candidate readout")
+    wrap_method(backend, "_packed_mask", f"{LABEL}mask building")
+    wrap_method(backend, "_candidate_logits", f"{LABEL}candidate readout")
     profile_request(engine, cold, "16 questions, miss", peak, args.repeats)
     profile_request(engine, partial(engine.score_positions, text, positions),
                     "16 questions, hit", peak, args.repeats)
