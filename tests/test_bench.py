@@ -10,7 +10,7 @@ from onepass.bench import BANKING_SUBSET, BenchConfig, datasets, run
 def test_bench_datasets_are_fixed_and_disjoint(data_dir):
     config = BenchConfig(data_dir=data_dir, limit=20, fit_limit=20)
     a, b = datasets(config), datasets(config)
-    for name in ("clinc150", "banking77"):
+    for name in ("clinc150", "banking77", "clinc150-noul"):
         states = [r.request.state for r in a[name]["test"]]
         assert states == [r.request.state for r in b[name]["test"]]  # seeded: the same
         assert len(states) == 20
@@ -18,6 +18,9 @@ def test_bench_datasets_are_fixed_and_disjoint(data_dir):
         assert not fit & set(states), "calibration must be fitted on other records"
     q = a["banking77"]["test"][0].request.questions[0]
     assert set(q.options) == set(BANKING_SUBSET)
+    golds = [r.answers[0] for r in a["clinc150-noul"]["test"]]
+    assert a["clinc150-noul"]["test"][0].request.questions[0].type == "noul"
+    assert golds.count(0) == golds.count(1) == 10  # half about the request's own domain
 
 
 def test_bench_writes_every_section(engine, data_dir, tmp_path):
@@ -30,11 +33,12 @@ def test_bench_writes_every_section(engine, data_dir, tmp_path):
     report = run(engine, config, lambda stage, done, total: stages.append(stage))
     rows = report["results"]["banking77"]
     assert set(rows) == {"none", "none+calibration", "rotations", "rotations+calibration",
-                         "none+teach1"}
+                         "rotations+content-free", "none+teach1"}
     for row in rows.values():
         assert row["n"] == 3 and 0 <= row["accuracy"] <= 1 and 0 <= row["ece"] <= 1
-    assert report["flip"]["rotations"]["flip_rate"] == 0.0
-    assert report["flip"]["rotations"]["mean_tv"] < 1e-3
+    for debias in ("rotations", "rotations+content-free"):
+        assert report["flip"][debias]["flip_rate"] == 0.0
+        assert report["flip"][debias]["mean_tv"] < 1e-3
     assert report["latency"]["rotations"]["miss_ms"] > 0
     folder = tmp_path / "bench"
     text = (folder / "REPORT.md").read_text()

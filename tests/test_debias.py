@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from onepass.contract import ContractError, parse_request
-from onepass.readout import combine_rotations
+from onepass.readout import combine_rotations, divide_prior
 
 TOL = 1e-4
 TEAMS = {
@@ -47,7 +47,9 @@ def test_combine_rules():
 def test_contract_debias_field():
     assert parse_request(_choice(TEAMS, "rotations")).debias == "rotations"
     assert parse_request(_choice(TEAMS)).debias is None
-    for bad in ("all", 1, True):
+    assert parse_request(_choice(TEAMS, "rotations+content-free")).debias == \
+        "rotations+content-free"
+    for bad in ("all", 1, True, "content-free+rotations"):
         with pytest.raises(ContractError) as err:
             parse_request(_choice(TEAMS, bad))
         assert err.value.field == "debias"
@@ -141,3 +143,56 @@ def test_many_options_read_capped_rotations_that_do_not_depend_on_order(engine):
     assert [p.suffix for p, _ in forward] == [p.suffix for p, _ in backward]
     firsts = {names[order[0]] for _, order in forward}
     assert len(firsts) == 16  # evenly spaced: a different option leads each reading
+
+
+# --------------------------------------------------------------------------- content-free prior
+
+
+def test_divide_prior():
+    assert divide_prior([0.7, 0.3], [0.7, 0.3]) == pytest.approx([0.5, 0.5])
+    # p / q renormalised: (0.6/0.3, 0.4/0.7) -> (2, 4/7)
+    assert divide_prior([0.6, 0.4], [0.3, 0.7]) == pytest.approx([0.7777778, 0.2222222])
+    assert divide_prior([0.2, 0.3, 0.5], [1 / 3] * 3) == pytest.approx([0.2, 0.3, 0.5])
+
+
+def test_content_free_divides_by_the_same_question_about_a_blank_document(engine):
+    from onepass.engine import CONTENT_FREE_STATE
+
+    request = {"state": STATE, "questions": {
+        "refund": {"type": "noul", "instructions": "The customer wants a refund."},
+        "urgency": {"type": "score", "instructions": "How urgent is it?",
+                    "criteria": ["low", "medium", "high"]},
+        "team": {"type": "choice", "instructions": "Which team?", "criteria": TEAMS}}}
+    blank = {**request, "state": CONTENT_FREE_STATE}
+    for mode, base in (("content-free", "none"), ("rotations+content-free", "rotations")):
+        got = engine.answer(request, debias=mode)
+        seen = engine.answer(request, debias=base)["answers"]
+        prior = engine.answer(blank, debias=base)["answers"]
+        want = divide_prior([seen["refund"]["noul"], 1 - seen["refund"]["noul"]],
+                            [prior["refund"]["noul"], 1 - prior["refund"]["noul"]])
+        assert got["answers"]["refund"]["noul"] == pytest.approx(want[0], abs=TOL)
+        for name in ("urgency", "team"):
+            keys = list(seen[name]["probabilities"])
+            want = divide_prior([seen[name]["probabilities"][k] for k in keys],
+                                [prior[name]["probabilities"][k] for k in keys])
+            assert [got["answers"][name]["probabilities"][k] for k in keys] == pytest.approx(
+                want, abs=TOL)
+        # the blank document's prefix is the same for every request: a cache hit after the first
+        again = engine.answer({**request, "state": STATE + " Thanks."}, debias=mode)["usage"]
+        assert again["cached_tokens"] > 0
+    # still order-invariant with rotations
+    orders = [list(TEAMS), list(reversed(TEAMS))]
+    combined = [_probs(engine, o, debias="rotations+content-free")[0] for o in orders]
+    assert max(abs(combined[0][k] - combined[1][k]) for k in TEAMS) < TOL
+
+
+def test_content_free_fast_path_matches_naive(engine):
+    request = {"state": STATE, "debias": "rotations+content-free", "questions": {
+        "refund": {"type": "noul", "instructions": "The customer wants a refund."},
+        "team": {"type": "choice", "instructions": "Which team?", "criteria": TEAMS}}}
+    fast = engine.answer(request)["answers"]
+    naive = engine.answer(request, naive=True)["answers"]
+    tol = TOL if engine.identity()["dtype"] == "float32" else 2e-2
+    assert abs(fast["refund"]["noul"] - naive["refund"]["noul"]) < tol
+    for k, p in fast["team"]["probabilities"].items():
+        assert abs(p - naive["team"]["probabilities"][k]) < tol

@@ -2,17 +2,19 @@
 
 What it measures, every number from this one run (no torch here: the engine does the work):
 
-* CLINC150 10-domain routing (test split) and a fixed 10-intent BANKING77 subset (test split):
-  accuracy, Brier, ECE and reliability diagrams for each setting: zero-shot (``none``),
-  ``rotations``, each ``+calibration`` (fitted on CLINC150 validation / BANKING77 train records,
-  never on the scored ones), and ``+teach K`` (K examples per option from the train split,
-  pinned as the system context);
+* CLINC150 10-domain routing (test split), a fixed 10-intent BANKING77 subset (test split) and
+  CLINC150 domain membership as a yes/no question (``clinc150-noul``, half yes): accuracy,
+  Brier, ECE and reliability diagrams for each setting: zero-shot (``none``), ``rotations``,
+  ``rotations+content-free`` (the blank-document prior divided out), ``none``/``rotations``
+  each ``+calibration`` (fitted on CLINC150 validation / BANKING77 train records, never on the
+  scored ones), and ``+teach K`` (K examples per option from the train split, pinned as the
+  system context);
 * ``rotations(logmean)``: the rotations combined by mean log-probability instead of mean
   probability (the engine's default rule was chosen from this row);
 * the option-permutation flip rate: the top answer with the options in declared order vs a
-  seeded shuffle of them, for ``none`` and ``rotations``;
+  seeded shuffle of them, for every debias setting;
 * JevBench (the ``jevbench`` package's frozen mini suite, chosen domains) against the real
-  HTTP app served in this process, for ``none`` and ``rotations``;
+  HTTP app served in this process, for every debias setting;
 * latency per request: a state never seen (miss) and the same request again (hit), medians.
 """
 
@@ -35,6 +37,9 @@ BANKING_SUBSET = (
     "top_up_failed", "declined_card_payment", "Refund_not_showing_up",
 )
 JEVBENCH_DOMAINS = ("customer_support", "ecommerce_returns")
+DATASETS = ("clinc150", "banking77", "clinc150-noul")
+DEBIAS_SETTINGS = ("none", "rotations", "rotations+content-free")
+CALIBRATED = ("none", "rotations")  # settings that also get a fitted calibration row
 
 Tick = Callable[[str, int, int], None]
 
@@ -53,7 +58,7 @@ class BenchConfig:
     domains: Sequence[str] | None = JEVBENCH_DOMAINS  # None: no JevBench
     seed: int = 0
     describe: bool = True  # CLINC150 options with one-line descriptions (False: names only)
-    datasets: Sequence[str] = ("clinc150", "banking77")  # the first one also gives flip/latency
+    datasets: Sequence[str] = DATASETS  # the first one also gives flip/latency
     banking_intents: Sequence[str] = BANKING_SUBSET
     compare_combine: bool = True  # also score rotations combined by mean log-probability
     settings: dict[str, Any] = field(default_factory=dict)  # what was loaded, for the report
@@ -64,7 +69,11 @@ class BenchConfig:
 
 def datasets(config: BenchConfig) -> dict[str, dict[str, list[Any]]]:
     """Per dataset: ``test`` (scored), ``fit`` (calibration) and ``teach`` (example pool)."""
-    from onepass.datasets import banking77_intents, clinc150_domain_routing
+    from onepass.datasets import (
+        banking77_intents,
+        clinc150_domain_membership,
+        clinc150_domain_routing,
+    )
     from onepass.train.dataset import parse_record
 
     def parsed(raws: list[dict[str, Any]], name: str) -> list[Any]:
@@ -84,17 +93,24 @@ def datasets(config: BenchConfig) -> dict[str, dict[str, list[Any]]]:
         return parsed(clinc150_domain_routing(config.data_dir, split, limit, config.seed,
                                               describe=config.describe), f"clinc150-{split}")
 
+    def member(split: str, limit: int) -> list[Any]:
+        return parsed(clinc150_domain_membership(config.data_dir, split, limit, config.seed),
+                      f"clinc150-noul-{split}")
+
     out: dict[str, dict[str, list[Any]]] = {}
     for name in config.datasets:
         if name == "clinc150":
             out[name] = {"test": clinc("test", config.limit), "fit": clinc("val", config.fit_limit),
                          "teach": clinc("train", 500)}
+        elif name == "clinc150-noul":
+            out[name] = {"test": member("test", config.limit),
+                         "fit": member("val", config.fit_limit), "teach": member("train", 500)}
         elif name == "banking77":
             out[name] = {"test": banking("test", config.limit, config.seed),
                          "fit": banking("train", config.fit_limit, config.seed + 1),
                          "teach": banking("train", 300, config.seed + 2)}
         else:
-            raise ValueError(f"unknown dataset {name!r}: clinc150 or banking77")
+            raise ValueError(f"unknown dataset {name!r}: one of {', '.join(DATASETS)}")
     return out
 
 
@@ -228,10 +244,12 @@ def run(engine: Any, config: BenchConfig, tick: Tick | None = None) -> dict[str,
         return C.collect(eng, records, debias=debias,
                          on_record=lambda done: tick(stage, done, len(records)))
 
-    for debias in ("none", "rotations"):
+    for debias in DEBIAS_SETTINGS:
         for name, parts in data.items():
             test = collect(engine, parts["test"], debias, f"{name} {debias}")
             results[name][debias] = quality(test)
+            if debias not in CALIBRATED:
+                continue
             if debias == "rotations" and config.compare_combine:
                 saved, engine.combine = engine.combine, "logmean"
                 try:
@@ -256,10 +274,10 @@ def run(engine: Any, config: BenchConfig, tick: Tick | None = None) -> dict[str,
                                                "context_tokens": taught.pinned_tokens}
     first = data[config.datasets[0]]["test"]
     flips = {debias: flip_rate(engine, first[: config.flip_records], debias, config.seed)
-             for debias in ("none", "rotations")}
+             for debias in DEBIAS_SETTINGS}
     tick("flip rate", 1, 1)
     lat = {debias: latency(engine, first[: config.latency_requests], debias)
-           for debias in ("none", "rotations")}
+           for debias in DEBIAS_SETTINGS}
     tick("latency", 1, 1)
     jev: dict[str, Any] = {}
     report = {"identity": identity, "settings": config.settings, "limit": config.limit,
@@ -269,7 +287,7 @@ def run(engine: Any, config: BenchConfig, tick: Tick | None = None) -> dict[str,
               "jevbench": jev}
     write(report, Path(config.output))  # what is measured so far survives a JevBench fault
     if config.domains:
-        for debias in ("none", "rotations"):
+        for debias in DEBIAS_SETTINGS:
             jev[debias] = jevbench(engine, config.domains, debias)
             tick(f"jevbench {debias}", 1, 1)
             write(report, Path(config.output))

@@ -21,10 +21,12 @@ DEFAULT_MODEL_ALIAS = "jev-latest"
 NOUL_LABEL_SETS = ({"yes", "no"}, {"true", "false"})
 
 QuestionType = Literal["noul", "choice", "score"]
-DEBIAS_MODES = ("none", "rotations")
+DEBIAS_MODES = ("none", "rotations", "content-free", "rotations+content-free")
 """``debias`` (an onepass extension field of the request): ``rotations`` reads every cyclic
 rotation of each question's options in the same forward and combines them, so the answer does
-not depend on the order the options were declared in; absent: the server's default."""
+not depend on the order the options were declared in; ``content-free`` also reads each question
+about a blank document and divides that prior out (contextual calibration); absent: the
+server's default."""
 
 
 class ContractError(ValueError):
@@ -286,7 +288,7 @@ def parse_request(raw: Any) -> DecisionRequest:
     debias = raw.get("debias")
     if debias is not None and debias not in DEBIAS_MODES:
         got = repr(debias) if isinstance(debias, str) else _describe(debias)
-        raise ContractError("debias", f"expected 'none' or 'rotations', got {got}")
+        raise ContractError("debias", f"expected one of {', '.join(DEBIAS_MODES)}, got {got}")
     return DecisionRequest(model, state, tuple(parsed), temperature, debias)
 
 
@@ -340,11 +342,13 @@ class SystemOneRequestModel(BaseModel):
     state: JsonValue
     questions: dict[str, QuestionModel] = Field(min_length=1)
     temperature: float | None = Field(default=None, gt=0)
-    debias: Literal["none", "rotations"] | None = Field(
+    debias: Literal["none", "rotations", "content-free", "rotations+content-free"] | None = Field(
         default=None,
         description="onepass extension: 'rotations' scores every cyclic rotation of each "
         "question's options in the same forward and averages them back in declared order "
-        "(order-invariant answers, more input tokens); absent: the server's default",
+        "(order-invariant answers, more input tokens); 'content-free' divides out the "
+        "answer the model gives about a blank document (its prior for the question); "
+        "absent: the server's default",
     )
 
 

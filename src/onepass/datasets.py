@@ -41,6 +41,7 @@ IN_SCOPE_PROPOSITION = (
     + "."
 )
 BANKING_QUESTION = "Which intent best describes the customer's message?"
+MEMBERSHIP_PROPOSITION = "The user's request belongs to the domain {domain} ({description})."
 
 
 def _stratified(
@@ -119,6 +120,28 @@ def clinc150_in_scope(
         }
         for text, answer in _stratified(rows, limit, seed)
     ]
+
+
+def clinc150_domain_membership(
+    data_dir: Path, split: str = "test", limit: int | None = None, seed: int = 0
+) -> list[dict[str, Any]]:
+    """A yes/no question per request: "the request belongs to <domain>: <description>", about
+    its own domain (answer yes) or a seeded other one (no), half each. Measures a noul's
+    accuracy on real labels (the noul's yes-bias shows here, and what removes it)."""
+    rows = clinc150_domain_routing(data_dir, split, limit, seed)
+    rng = random.Random(seed)
+    out = []
+    for i, row in enumerate(rows):
+        gold = row["questions"]["domain"]["answer"]
+        asked = gold if i % 2 == 0 else rng.choice(
+            [d for d in CLINC_DOMAIN_DESCRIPTIONS if d != gold])
+        out.append({"state": row["state"], "questions": {"member": {
+            "type": "noul",
+            "instructions": MEMBERSHIP_PROPOSITION.format(
+                domain=asked.replace("_", " "), description=CLINC_DOMAIN_DESCRIPTIONS[asked]),
+            "answer": "yes" if asked == gold else "no",
+        }}})
+    return out
 
 
 def banking77_intents(

@@ -28,6 +28,7 @@ from onepass.readout import (
     argmax_first,
     choice_confidence,
     combine_rotations,
+    divide_prior,
     expected_level,
     restricted_softmax,
     score_confidence,
@@ -35,6 +36,7 @@ from onepass.readout import (
 )
 
 DEFAULT_MAX_INPUT_TOKENS = 8192
+CONTENT_FREE_STATE = "N/A"
 MAX_ROTATIONS = 16  # K > 16 options: 16 evenly spaced rotations (a K-fold prompt is K^2 lines)
 DEFAULT_COMBINE = "mean"  # a mixture; onepass bench scores "logmean" beside it
 
@@ -45,6 +47,9 @@ class Position:
 
     suffix: str
     labels: tuple[P.Label, ...]
+
+
+Reading = tuple[Position, tuple[int, ...]]  # a position and the declared option of each label
 
 
 @dataclass
@@ -381,11 +386,12 @@ class DecisionEngine:
 
     # ------------------------------------------------------------------ order-invariance
 
-    def readings(self, q: Question, debias: str = "none") -> list[tuple[Position, tuple[int, ...]]]:
+    def readings(self, q: Question, debias: str = "none") -> list[Reading]:
         """The positions read for ``q``, each with the declared option index of its
         candidates in order.
 
-        ``none``: the declared order, one position. ``rotations``: a choice's options are put
+        ``none`` (and ``content-free``, which reads the same positions twice): the declared
+        order, one position. ``rotations``: a choice's options are put
         in a canonical order (by name) and every cyclic rotation of it is a position, so any
         permutation of the declared options reads the same prompts (order-invariant to float
         error, K positions, not K!). A noul's yes/no and a score's levels keep their order
@@ -396,7 +402,7 @@ class DecisionEngine:
         does not depend on the declared one; each option is first in only some of them).
         """
         n = len(q.options)
-        if debias == "none" or n < 2:
+        if "rotations" not in debias.split("+") or n < 2:
             return [(self.question_position(q), tuple(range(n)))]
         if q.type == "choice":
             canonical = sorted(range(n), key=lambda i: q.options[i])
@@ -484,7 +490,9 @@ class DecisionEngine:
         ``naive=True`` answers through plain full forwards (see :meth:`score_positions`).
         ``debias`` (else the request's ``debias``, else the engine's): ``rotations`` scores
         every cyclic rotation of each question's options as more suffixes of the same forward
-        (see :meth:`readings`) and combines them in declared order.
+        (see :meth:`readings`) and combines them in declared order; ``content-free`` reads the
+        same positions after a blank document (:data:`CONTENT_FREE_STATE`) and divides that
+        prior out, so what the model answers whatever the document says carries no weight.
         """
         if not isinstance(request, DecisionRequest):
             if hasattr(request, "model_dump"):
@@ -500,19 +508,15 @@ class DecisionEngine:
         mode = _check_debias(debias or request.debias or self.debias)
         readings = [self.readings(q, mode) for q in live]
         positions = [pos for group in readings for pos, _ in group]
-        scored = self.score_positions(prefix_text, positions, naive=naive) if positions else None
-        probs: dict[str, list[float]] = {}
-        at = 0
-        for q, group in zip(live, readings):
-            dists = []
-            for _, order in group:
-                p = restricted_softmax(scored.logits[at], temperature)  # type: ignore[union-attr]
-                at += 1
-                declared = [0.0] * len(p)
-                for j, option in enumerate(order):
-                    declared[option] = p[j]
-                dists.append(declared)
-            probs[q.name] = dists[0] if len(dists) == 1 else combine_rotations(dists, self.combine)
+        calls = [self.score_positions(prefix_text, positions, naive=naive)] if positions else []
+        probs = self._read(live, readings, calls[0], temperature) if calls else {}
+        if calls and "content-free" in mode.split("+"):
+            # the same readings about a document that says nothing: the model's prior for each
+            # question (contextual calibration); its prefix is cached, so it costs the suffixes
+            blank = P.render_prefix(self.format, CONTENT_FREE_STATE, self.context, self.specials)
+            calls.append(self.score_positions(blank, positions, naive=naive))
+            priors = self._read(live, readings, calls[1], temperature)
+            probs = {k: divide_prior(p, priors[k]) for k, p in probs.items()}
         answers = {}
         for q in request.questions:
             p = probs.get(q.name, [1.0])
@@ -523,8 +527,8 @@ class DecisionEngine:
             answers[q.name] = _answer(q, p)
             if self.abstain_below is not None:
                 answers[q.name]["abstained"] = top_probability(p) < self.abstain_below
-        input_tokens = scored.input_tokens if scored else 0
-        cached = scored.cached_tokens if scored else 0
+        input_tokens = sum(c.input_tokens for c in calls)
+        cached = sum(c.cached_tokens for c in calls)
         self.stats.requests += 1
         self.stats.questions += len(request.questions)
         self.stats.input_tokens += input_tokens
@@ -538,6 +542,23 @@ class DecisionEngine:
                 "cached_tokens": cached,
             },
         }
+
+    def _read(self, live: Sequence[Question], readings: Sequence[Sequence[Reading]],
+              scored: Scored, temperature: float) -> dict[str, list[float]]:
+        """Each question's distribution in declared order, its readings combined."""
+        probs: dict[str, list[float]] = {}
+        at = 0
+        for q, group in zip(live, readings):
+            dists = []
+            for _, order in group:
+                p = restricted_softmax(scored.logits[at], temperature)
+                at += 1
+                declared = [0.0] * len(p)
+                for j, option in enumerate(order):
+                    declared[option] = p[j]
+                dists.append(declared)
+            probs[q.name] = dists[0] if len(dists) == 1 else combine_rotations(dists, self.combine)
+        return probs
 
     # ------------------------------------------------------------------ typed helpers
 

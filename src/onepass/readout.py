@@ -102,3 +102,14 @@ def combine_rotations(
 def top_probability(probabilities: Sequence[float]) -> float:
     """The top-label probability: what ECE bins and what abstention thresholds."""
     return max(probabilities) if probabilities else 1.0
+
+
+def divide_prior(probabilities: Sequence[float], prior: Sequence[float]) -> list[float]:
+    """``p_k / q_k`` renormalised: an answer with the model's content-free prior ``q`` taken
+    out (contextual calibration, Zhao et al. 2021). Where the document moves nothing the
+    result is uniform: the reading carried no evidence."""
+    tiny = 1e-30
+    ratios = [p / max(q, tiny) for p, q in zip(probabilities, prior, strict=True)]
+    total = sum(ratios)
+    n = len(ratios)
+    return [x / total for x in ratios] if total > 0 else [1.0 / n] * n

@@ -1,10 +1,11 @@
 """Run the public evaluations on one model and write bench/REPORT.md, report.json and plots.
 
-CLINC150 10-domain routing and a fixed 10-intent BANKING77 subset: accuracy, Brier, ECE and
-reliability diagrams for zero-shot, --debias rotations, each with a calibration fitted on other
-records, and teach-by-example with K examples per option; the option-permutation flip rate;
-JevBench's frozen mini suite (--domains) against the HTTP app served in this process; latency
-per request (miss, hit). Every number comes from this one run.
+CLINC150 10-domain routing, a fixed 10-intent BANKING77 subset and CLINC150 domain membership as
+a yes/no question: accuracy, Brier, ECE and reliability diagrams for zero-shot, --debias
+rotations and rotations+content-free, a calibration fitted on other records, and
+teach-by-example with K examples per option; the option-permutation flip rate; JevBench's
+frozen mini suite (--domains) against the HTTP app served in this process; latency per request
+(miss, hit), for every debias setting. Every number comes from this one run.
 
   onepass bench --output bench --limit 100 --teach 1,2,4
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from onepass.bench import DATASETS
 from onepass.commands.common import (
     add_model_arguments,
     default_data_dir,
@@ -38,6 +40,15 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in DATASETS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names from {', '.join(DATASETS)}, got {text!r}")
+    return names
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="bench", help="folder for the report (default bench)")
     env_argument(parser, "--data-dir", default=None,
@@ -55,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests timed per setting (default 10)")
     parser.add_argument("--domains", default="customer_support,ecommerce_returns",
                         help="JevBench mini domains, comma-separated; 'none' skips JevBench")
+    parser.add_argument("--datasets", type=_names, default=list(DATASETS),
+                        help="comma-separated, the first also gives the flip rate and latency "
+                        f"(default {','.join(DATASETS)})")
     parser.add_argument("--seed", type=int, default=0, help="record selection (default 0)")
     parser.add_argument("--names-only", action="store_true",
                         help="CLINC150 options by name, without their descriptions (a third "
@@ -80,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         output=Path(args.output),
         limit=args.limit, fit_limit=args.fit_limit, teach=args.teach,
         flip_records=args.flip_records, latency_requests=args.latency_requests,
-        domains=domains, seed=args.seed, describe=not args.names_only,
+        domains=domains, seed=args.seed, describe=not args.names_only, datasets=args.datasets,
         settings={"model": args.model, "dtype": args.dtype, "adapter": args.adapter,
                   "context_path": args.context_path},
     )

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from onepass.contract import DEBIAS_MODES
 from onepass.server.models import BACKENDS, ENGINES
 
 ENV_PREFIX = "ONEPASS_"
@@ -171,10 +172,12 @@ def probability(text: str) -> float:
 def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
     """Order-invariance, calibration and abstention of the decision readout."""
     g = parser.add_argument_group("decision quality")
-    env_argument(g, "--debias", default="none", choices=["none", "rotations"],
+    env_argument(g, "--debias", default="none", choices=list(DEBIAS_MODES),
                  help="rotations: read every cyclic rotation of each question's options in the "
                  "same forward and average them back (order-invariant answers; K suffixes for "
-                 "K options); a request's 'debias' field overrides it (default: none)")
+                 "K options); content-free: divide out each question's answer about a blank "
+                 "document (the model's prior; its suffixes again); a request's 'debias' field "
+                 "overrides it (default: none)")
     env_argument(g, "--calibration",
                  help="a calibration.json from onepass calibrate, applied to every answer "
                  "(refused when fitted for another model, dtype, adapter or prompt version)")
