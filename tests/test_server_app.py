@@ -103,6 +103,8 @@ BAD = [
      "questions.a.extra: unknown field"),
     ("nan-string-temperature", "POST", "/v1/systemone", js({**GOOD, "temperature": "NaN"}), {},
      422, "invalid_request_error", "temperature: expected a positive number, got a string"),
+    ("unknown-debias", "POST", "/v1/systemone", js({**GOOD, "debias": "prior"}), {}, 422,
+     "invalid_request_error", "debias"),
     ("box-question", "POST", "/v1/systemone", js(q(type="box", instructions="the cat")), {},
      400, "unsupported_question_type", "'box' questions need a vision-language model"),
     ("image-assets", "POST", "/v1/systemone",
@@ -180,6 +182,9 @@ ODD_BUT_VALID = [
     ("one-level-score", q(type="score", instructions="rate", criteria=["only"])),
     ("criteria-only-noul", q(type="noul", criteria={"true": "It is short."})),
     ("document-instead-of-state", {"document": "A note.", "questions": GOOD["questions"]}),
+    ("debias-extension", {**GOOD, "debias": "rotations+content-free"}),
+    ("content-free-one-option", {"state": "x", "debias": "content-free", "questions": {
+        "a": {"type": "choice", "instructions": "pick", "criteria": {"only": None}}}}),
     ("extra-body-keys-ignored", {**GOOD, "metadata": {"trace": 1}, "temperature": 0.5}),
     ("json-state-and-instructions", {"state": {"order": 7710, "items": ["vase"]},
                                      "questions": {"a": {"type": "noul",
