@@ -33,7 +33,8 @@ def test_bench_writes_every_section(engine, data_dir, tmp_path):
     report = run(engine, config, lambda stage, done, total: stages.append(stage))
     rows = report["results"]["banking77"]
     assert set(rows) == {"none", "none+calibration", "rotations", "rotations+calibration",
-                         "rotations+content-free", "none+teach1"}
+                         "rotations+content-free", "rotations+content-free+calibration",
+                         "none+teach1"}
     for row in rows.values():
         assert row["n"] == 3 and 0 <= row["accuracy"] <= 1 and 0 <= row["ece"] <= 1
     for debias in ("rotations", "rotations+content-free"):
