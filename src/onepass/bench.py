@@ -7,8 +7,7 @@ What it measures, every number from this one run (no torch here: the engine does
   Brier, ECE and reliability diagrams for each setting: zero-shot (``none``), ``rotations``,
   ``rotations+content-free`` (the blank-document prior divided out), each ``+calibration``
   (fitted on CLINC150 validation / BANKING77 train records, never on the scored ones), and
-  ``+teach K`` (K examples per option from the train split, pinned as the
-  system context);
+  ``+teach K`` (K examples per option from the train split, pinned as the system context);
 * ``rotations(logmean)``: the rotations combined by mean log-probability instead of mean
   probability (the engine's default rule was chosen from this row);
 * the option-permutation flip rate: the top answer with the options in declared order vs a

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -21,7 +21,8 @@ DEFAULT_MODEL_ALIAS = "jev-latest"
 NOUL_LABEL_SETS = ({"yes", "no"}, {"true", "false"})
 
 QuestionType = Literal["noul", "choice", "score"]
-DEBIAS_MODES = ("none", "rotations", "content-free", "rotations+content-free")
+DebiasMode = Literal["none", "rotations", "content-free", "rotations+content-free"]
+DEBIAS_MODES: tuple[str, ...] = get_args(DebiasMode)
 """``debias`` (an onepass extension field of the request): ``rotations`` reads every cyclic
 rotation of each question's options in the same forward and combines them, so the answer does
 not depend on the order the options were declared in; ``content-free`` also reads each question
@@ -342,7 +343,7 @@ class SystemOneRequestModel(BaseModel):
     state: JsonValue
     questions: dict[str, QuestionModel] = Field(min_length=1)
     temperature: float | None = Field(default=None, gt=0)
-    debias: Literal["none", "rotations", "content-free", "rotations+content-free"] | None = Field(
+    debias: DebiasMode | None = Field(
         default=None,
         description="onepass extension: 'rotations' scores every cyclic rotation of each "
         "question's options in the same forward and averages them back in declared order "
