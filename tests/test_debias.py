@@ -3,9 +3,14 @@ options read in the same packed forward and combined back in declared order."""
 
 from __future__ import annotations
 
+import argparse
+import warnings
+
 import pytest
 
+from onepass.commands.common import apply_quality
 from onepass.contract import ContractError, parse_request
+from onepass.engine import DecisionEngine
 from onepass.readout import combine_rotations, divide_prior
 
 TOL = 1e-4
@@ -127,6 +132,30 @@ def test_engine_default_and_per_call_override(engine):
         engine.debias = saved
     with pytest.raises(ValueError, match="debias"):
         engine.answer(_choice(TEAMS), debias="shuffle")
+
+
+def test_an_adapter_read_under_rotations_warns(engine):
+    """The trainer shows options in declared order: an adapter may have learned the letters."""
+    with pytest.warns(UserWarning, match="adapter was trained on the declared option order"):
+        DecisionEngine(engine.backend, adapter="runs/lora", debias="rotations+content-free")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DecisionEngine(engine.backend, adapter="runs/lora", debias="content-free")
+        DecisionEngine(engine.backend, debias="rotations")
+
+
+def test_the_cli_flags_warn_about_an_adapter_under_rotations(engine, capsys):
+    saved = engine.adapter, engine.debias
+    try:
+        engine.adapter = "runs/lora"
+        apply_quality(engine, argparse.Namespace(debias="rotations", calibration=None,
+                                                 abstain_below=None))
+        assert "adapter was trained on the declared option order" in capsys.readouterr().err
+        apply_quality(engine, argparse.Namespace(debias="none", calibration=None,
+                                                 abstain_below=None))
+        assert capsys.readouterr().err == ""
+    finally:
+        engine.adapter, engine.debias = saved
 
 
 def test_many_options_read_capped_rotations_that_do_not_depend_on_order(engine):

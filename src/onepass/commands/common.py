@@ -189,8 +189,11 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
     """Set the quality flags on a loaded engine; a mismatched calibration exits with why."""
     from onepass.calibration import CalibrationError
+    from onepass.engine import adapter_order_warning
 
     engine.debias = getattr(args, "debias", None) or "none"
+    if warning := adapter_order_warning(engine.adapter, engine.debias):
+        print(f"warning: {warning}", file=sys.stderr)
     if getattr(args, "calibration", None):
         try:
             engine.set_calibration(args.calibration)
