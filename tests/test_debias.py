@@ -4,13 +4,14 @@ options read in the same packed forward and combined back in declared order."""
 from __future__ import annotations
 
 import argparse
+import json
 import warnings
 
 import pytest
 
 from onepass.commands.common import apply_quality
 from onepass.contract import ContractError, parse_request
-from onepass.engine import DecisionEngine
+from onepass.engine import DecisionEngine, adapter_order_warning
 from onepass.readout import combine_rotations, divide_prior
 
 TOL = 1e-4
@@ -142,6 +143,13 @@ def test_an_adapter_read_under_rotations_warns(engine):
         warnings.simplefilter("error")
         DecisionEngine(engine.backend, adapter="runs/lora", debias="content-free")
         DecisionEngine(engine.backend, debias="rotations")
+
+
+def test_an_adapter_trained_on_rotated_orders_does_not_warn(engine, tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"option_orders": "rotations"}))
+    assert adapter_order_warning(str(tmp_path), "rotations") is None
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"option_orders": "declared"}))
+    assert "--option-orders rotations" in adapter_order_warning(str(tmp_path), "rotations")
 
 
 def test_the_cli_flags_warn_about_an_adapter_under_rotations(engine, capsys):

@@ -83,3 +83,27 @@ def test_loss_equals_negative_log_of_the_served_restricted_softmax(engine, tmp_p
         expected = -math.log(restricted_softmax(row)[example.target])
         assert losses[i] == pytest.approx(expected, abs=1e-3)
     assert [e.target for e in examples] == [0, 0, 2, 1]
+
+
+@pytest.mark.slow
+def test_rotated_option_orders_move_the_answer_with_its_option(engine, tmp_path):
+    """--option-orders rotations: each example is one of the prompts debias=rotations serves,
+    and its target is where the gold option went, so the letters carry no class."""
+    record = parse_record(RECORD, tmp_path / "d.jsonl", 1)
+    dept = record.request.questions[1]
+    prefix_text = P.render_prefix(engine.format, record.request.state, engine.context,
+                                  engine.specials)
+    served = {tuple(engine.backend.encode(prefix_text + pos.suffix)): order
+              for pos, order in engine.readings(dept, "rotations")}
+    assert len(served) == 3
+    drawn = set()
+    for seed in range(8):
+        examples = encode_records(engine, [record], 4096, "rotations", seed)
+        assert [e.question for e in examples] == ["refund", "dept", "urgency", "approved"]
+        example = examples[1]
+        order = served[example.ids]  # a KeyError: not a served rotation
+        assert dept.options[order[example.target]] == "billing"
+        drawn.add(order)
+    assert len(drawn) > 1  # the draw moves the gold option between letters
+    declared = encode_records(engine, [record], 4096)[1]
+    assert served[declared.ids] == (0, 1, 2) and declared.target == 0

@@ -7,6 +7,7 @@ those labels only, and turns them into typed answers.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -695,14 +696,17 @@ class DecisionEngine:
 def adapter_order_warning(adapter: str | None, debias: str) -> str | None:
     """Why an adapter should not be read under rotations, or None when it is not.
 
-    The trainer shows options in declared order only, so an adapter may have learned the label
-    letters instead of the names (measured in docs/quality.md: CLINC150 0.55 in the trained
-    order, 0.12 under rotations)."""
+    An adapter trained on the declared option order (the trainer's default) may have learned
+    the label letters instead of the names (measured in docs/quality.md: CLINC150 0.55 in the
+    trained order, 0.12 under rotations)."""
     if not adapter or "rotations" not in debias.split("+"):
         return None
+    config = Path(adapter) / "adapter_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("option_orders") == "rotations":
+        return None  # trained with --option-orders rotations: it reads the names
     return (f"the adapter was trained on the declared option order; debias {debias!r} reads "
             "other orders, where an adapter that learned the letters is at chance: serve it "
-            "with debias 'none' or 'content-free'")
+            "with debias 'none' or 'content-free', or train it with --option-orders rotations")
 
 
 def _check_debias(mode: str) -> str:

@@ -172,6 +172,12 @@ class DatasetConfig:
     validation_split: float = _f(0.0, "hold out this fraction of the training set for "
                                  "validation (when no validation dataset is given)", type=float,
                                  minimum=0.0)
+    option_orders: str = _f("declared", "declared: each choice's options in the order the record "
+                            "declares them (serve with debias none or content-free: the adapter "
+                            "may learn the label letters); rotations: each question read in one "
+                            "seeded cyclic rotation of its options, as debias rotations reads "
+                            "them (the adapter must read the names)", type=str,
+                            choices=("declared", "rotations"))
 
 
 @dataclass

@@ -67,20 +67,30 @@ class TrainResult:
 # --------------------------------------------------------------------------- rendering
 
 
-def encode_records(engine: Any, records: Sequence[Record], max_length: int) -> list[Example]:
-    """Render and tokenize every non-trivial question exactly as the engine serves it."""
-    memo: dict[str, Any] = {}
+def encode_records(engine: Any, records: Sequence[Record], max_length: int,
+                   option_orders: str = "declared", seed: int = 0) -> list[Example]:
+    """Render and tokenize every non-trivial question exactly as the engine serves it.
 
-    def position(q: Any) -> Any:  # a dataset repeats its questions: render each once
+    ``option_orders="rotations"``: each question is read in one of the rotations
+    ``debias="rotations"`` serves (seeded draw), its answer index moved with its option, so an
+    adapter cannot learn which letter a class usually gets."""
+    memo: dict[str, list[Any]] = {}
+    rng = random.Random(seed)
+    debias = "rotations" if option_orders == "rotations" else "none"
+
+    def readings(q: Any) -> list[Any]:  # a dataset repeats its questions: render each once
         key = json.dumps([q.type, q.instructions, q.options, q.descriptions], sort_keys=True)
         if key not in memo:
-            memo[key] = engine.question_position(q)
+            memo[key] = engine.readings(q, debias)
         return memo[key]
 
     examples = []
     for record in records:
         answers = {q.name: a for q, a in zip(record.request.questions, record.answers)}
-        live, prefix, suffixes = engine.prompt_tokens(record.request, position)
+        chosen = {q.name: rng.choice(readings(q))
+                  for q in record.request.questions if not q.is_trivial}
+        live, prefix, suffixes = engine.prompt_tokens(
+            record.request, lambda q, chosen=chosen: chosen[q.name][0])
         for (q, pos), suffix in zip(live, suffixes):
             ids = tuple(prefix + suffix)
             if len(ids) > max_length:
@@ -91,8 +101,8 @@ def encode_records(engine: Any, records: Sequence[Record], max_length: int) -> l
                     f"max_sequence_length {max_length}; nothing is truncated",
                 )
             examples.append(Example(
-                ids, tuple(lb.token_id for lb in pos.labels), answers[q.name], record.source,
-                q.name,
+                ids, tuple(lb.token_id for lb in pos.labels),
+                chosen[q.name][1].index(answers[q.name]), record.source, q.name,
             ))
     return examples
 
@@ -300,6 +310,7 @@ def _artifact_config(config: TrainConfig, family: str, base: str, engine: Any) -
         "layers": run.lora_layers or "all",
         "quantization": run.quantization if run.method == "qlora" else None,
         "context_path": run.context_path,
+        "option_orders": config.dataset.option_orders,
     }
 
 
@@ -339,8 +350,11 @@ def train(
         model, tokenizer, family, base = load_base(config)
         context = Path(run.context_path).read_text() if run.context_path else None
         engine = rendering_engine(model, tokenizer, base, context)
-        train_examples = encode_records(engine, train_records, run.max_sequence_length)
-        val_examples = encode_records(engine, val_records, run.max_sequence_length)
+        orders = config.dataset.option_orders
+        train_examples = encode_records(engine, train_records, run.max_sequence_length, orders,
+                                        run.seed)
+        val_examples = encode_records(engine, val_records, run.max_sequence_length, orders,
+                                      run.seed)
     if not train_examples:
         raise DatasetError(config.dataset.path, None, "no question with two or more candidates")
     artifact_config = _artifact_config(config, family, base, engine)
