@@ -693,6 +693,7 @@ class DecisionEngine:
         limit = self.generator.output_limit(len(prompt), params.max_tokens)
         return prompt, params, limit, compiled
 
+
 def adapter_order_warning(adapter: str | None, debias: str) -> str | None:
     """Why an adapter should not be read under rotations, or None when it is not.
 
