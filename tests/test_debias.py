@@ -145,7 +145,7 @@ def test_an_adapter_read_under_rotations_warns(engine):
         DecisionEngine(engine.backend, debias="rotations")
 
 
-def test_an_adapter_trained_on_rotated_orders_does_not_warn(engine, tmp_path):
+def test_an_adapter_trained_on_rotated_orders_does_not_warn(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps({"option_orders": "rotations"}))
     assert adapter_order_warning(str(tmp_path), "rotations") is None
     (tmp_path / "adapter_config.json").write_text(json.dumps({"option_orders": "declared"}))
