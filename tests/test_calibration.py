@@ -99,7 +99,7 @@ def test_calibrated_ece_is_lower_on_held_out_clinc150(engine, data_dir):
     held = collect(engine, _records(data_dir, "test", 40, seed=0))
     prior = content_free_bias(engine, [train[0].question])
     before = metrics(held)
-    for method in ("content-free", "fit", "both"):
+    for method in ("content-free", "fit", "both"):  # matrix wants more records than 40
         after = metrics(held, fit(train, method, engine.identity(), content_free=prior))
         assert after["ece"] < before["ece"], (method, before, after)
         assert after["nll"] < before["nll"], (method, before, after)
@@ -138,3 +138,45 @@ def test_abstained_answers_are_marked_and_the_official_client_tolerates_them(eng
     assert response.answers["urgent"].noul == body["answers"]["urgent"]["noul"]
     with pytest.raises(ValueError):
         engine.set_abstain_below(1.5)
+
+
+def _crossed_samples(n, seed):
+    """A model that always answers "a" and shows the gold only in which of b and c it ranks
+    second, crossed (gold b: c second; gold c: b second). Half arrive with the options reversed."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    forward, backward = _question(("a", "b", "c")), _question(("c", "b", "a"))
+    shapes = {0: (0.6, 0.2, 0.2), 1: (0.55, 0.12, 0.33), 2: (0.55, 0.33, 0.12)}
+    samples = []
+    for i in range(n):
+        gold = i % 3
+        p = np.array(shapes[gold]) * np.exp(rng.normal(0, 0.08, 3))
+        p = tuple((p / p.sum()).tolist())
+        if i % 2:
+            samples.append(Sample(backward, 2 - gold, p[::-1]))
+        else:
+            samples.append(Sample(forward, gold, p))
+    return samples
+
+
+def test_matrix_calibration_reads_what_a_temperature_and_bias_cannot():
+    from onepass.calibration import choose
+
+    train, held = _crossed_samples(150, seed=0), _crossed_samples(90, seed=1)
+    assert metrics(held)["accuracy"] == pytest.approx(1 / 3, abs=0.05)  # always "a"
+    matrix = metrics(held, fit(train, "matrix", IDENTITY))
+    assert matrix["accuracy"] > 0.9, matrix
+    assert metrics(held, fit(train, "fit", IDENTITY))["accuracy"] < 0.7
+    best, table = choose(train, IDENTITY, content_free={}, seed=0)
+    assert best == "matrix", table
+
+
+def test_matrix_calibration_round_trips_and_follows_the_options_not_their_order(tmp_path):
+    cal = fit(_crossed_samples(60, seed=0), "matrix", IDENTITY)
+    back = Calibration.load(cal.save(tmp_path / "m.json"))
+    assert back.to_json() == cal.to_json() and back.method == "matrix"
+    p = back.apply(_question(("a", "b", "c")), [0.5, 0.15, 0.35])
+    assert p[1] == max(p)  # c ranked second reads as gold b
+    reversed_ = back.apply(_question(("c", "b", "a")), [0.35, 0.15, 0.5])
+    assert reversed_ == pytest.approx(p[::-1], abs=1e-12)

@@ -10,10 +10,15 @@ records, a correction applied to every answer's distribution in declared order::
   question about content-free states (``N/A``, ``[MASK]``, …); no labels needed, ``T = 1``;
 * ``fit``: ``T`` and ``b`` minimise the held-in negative log-likelihood (``b`` L2-regularised);
 * ``both``: the content-free ``b``, then ``T`` fitted;
-* ``auto`` (the default): each of the three fitted on a seeded 70% and the one with the lowest
+* ``matrix``: ``p'_k ∝ exp(Σ_j W_kj log p_j + b_k)`` with a full ``W`` (matrix scaling, Guo et
+  al. 2017): a multinomial logistic regression on the standardised log-probabilities,
+  L2-regularised. A small model can answer "A" to everything yet move its mass with the state;
+  a temperature and a bias cannot read that, a matrix can. It has ``K² + K`` parameters per
+  question, so it wants more labelled records than the others;
+* ``auto`` (the default): each method fitted on a seeded 70% and the one with the lowest
   negative log-likelihood on the other 30% kept (ties: the simplest).
 
-``b`` and ``T`` are per question (its type, instructions and options); questions the file has
+``b``, ``T`` and ``W`` are per question (its type, instructions and options); questions the file has
 not seen get the per-type temperature. The file records the model, dtype, adapter and prompt
 version it was fitted for; :meth:`Calibration.check` refuses any other. It can also carry an
 abstention threshold fitted for a target error rate (:func:`fit_abstention`).
@@ -33,9 +38,11 @@ from typing import Any
 import numpy as np
 
 FORMAT = "onepass-calibration-1"
-METHODS = ("content-free", "fit", "both")
+METHODS = ("content-free", "fit", "both", "matrix")  # simplest first
+MATRIX_L2 = 0.01  # on the standardised W: measured on CLINC150 (docs/quality.md)
 CONTENT_FREE_STATES = ("N/A", "[MASK]", "-", "nothing")
 IDENTITY_KEYS = ("model", "dtype", "adapter", "prompt_version")
+LOG_FLOOR = 1e-12  # probabilities are floored here before a log, in fitting and in use
 
 
 class CalibrationError(ValueError):
@@ -54,12 +61,15 @@ def question_key(question: Any) -> str:
 
 @dataclass
 class QuestionCorrection:
-    """``T`` and per-option ``b`` (by option name) for one question."""
+    """``T`` and per-option ``b`` (by option name) for one question; ``matrix`` (method
+    ``matrix``): ``W`` by output option, then input option, applied to ``log p`` instead of
+    ``1/T``."""
 
     name: str
     type: str
     temperature: float
     bias: dict[str, float]
+    matrix: dict[str, dict[str, float]] | None = None
 
 
 @dataclass
@@ -81,6 +91,11 @@ class Calibration:
         fit = self.questions.get(question_key(question))
         if fit is not None:
             bias = [fit.bias.get(o, 0.0) for o in question.options]
+            if fit.matrix is not None:
+                w = np.array([[fit.matrix[o][j] for j in question.options]
+                              for o in question.options])
+                logs = np.log(np.maximum(np.asarray(probabilities, dtype=float), LOG_FLOOR))
+                return _softmax(w @ logs + np.array(bias)).tolist()
             return _transform(probabilities, fit.temperature, bias)
         temperature = self.type_temperature.get(question.type)
         if temperature is None:
@@ -218,35 +233,73 @@ def content_free_bias(engine: Any, questions: Sequence[Any], *, debias: str | No
         engine.calibration = saved
 
 
-def _fit(logs: list[np.ndarray], golds: list[int], *, fit_bias: bool, base_bias: np.ndarray,
-         l2: float = 0.05, steps: int = 400) -> tuple[float, np.ndarray]:
-    """(T, b) minimising mean NLL of softmax(log p / T + base_bias + b) + l2 |b|^2 (Adam)."""
-    z = np.stack(logs)  # same question: same K
-    y = np.zeros_like(z)
-    y[np.arange(len(golds)), golds] = 1.0
-    u, b = 0.0, np.zeros(z.shape[1])  # a = 1/T = exp(u)
-    m = np.zeros(z.shape[1] + 1)
-    v = np.zeros_like(m)
-    lr = 0.05
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def _adam(params: np.ndarray, gradient: Callable[[np.ndarray], np.ndarray], steps: int,
+          lr: float = 0.05) -> np.ndarray:
+    """``params`` after ``steps`` Adam steps down ``gradient`` (convex fits: no schedule)."""
+    m = np.zeros_like(params)
+    v = np.zeros_like(params)
     for t in range(1, steps + 1):
-        a = math.exp(u)
-        s = z * a + base_bias + b
-        s -= s.max(axis=1, keepdims=True)
-        q = np.exp(s)
-        q /= q.sum(axis=1, keepdims=True)
-        d = (q - y) / len(golds)
-        grad = np.concatenate([[a * float((d * z).sum())],
-                               d.sum(axis=0) + 2 * l2 * b if fit_bias else np.zeros_like(b)])
-        m = 0.9 * m + 0.1 * grad
-        v = 0.999 * v + 0.001 * grad**2
-        step = lr * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
-        u -= step[0]
-        b -= step[1:]
-    return 1.0 / math.exp(u), b
+        g = gradient(params)
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g**2
+        params = params - lr * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+    return params
+
+
+def _fit(z: np.ndarray, golds: np.ndarray, *, fit_bias: bool, base_bias: np.ndarray,
+         l2: float = 0.05, steps: int = 400) -> tuple[float, np.ndarray]:
+    """(T, b) minimising mean NLL of softmax(log p / T + base_bias + b) + l2 |b|^2."""
+    y = np.eye(z.shape[1])[golds]
+
+    def gradient(params: np.ndarray) -> np.ndarray:  # params: u = log(1/T), then b
+        a, b = math.exp(params[0]), params[1:]
+        d = (_softmax(z * a + base_bias + b) - y) / len(golds)
+        grad_b = d.sum(axis=0) + 2 * l2 * b if fit_bias else np.zeros_like(b)
+        return np.concatenate([[a * float((d * z).sum())], grad_b])
+
+    params = _adam(np.zeros(z.shape[1] + 1), gradient, steps)
+    return 1.0 / math.exp(params[0]), params[1:]
+
+
+def _fit_matrix(z: np.ndarray, golds: np.ndarray, *, l2: float = MATRIX_L2, steps: int = 2000
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(W, b) of softmax(W log p + b): logistic regression on the standardised log-probs (L2
+    on W), the standardisation folded back into W and b."""
+    k = z.shape[1]
+    mean, std = z.mean(axis=0), z.std(axis=0)
+    scale = np.where(std > 1e-9, 1.0 / np.maximum(std, 1e-9), 0.0)  # a constant option: unread
+    x = (z - mean) * scale
+    y = np.eye(k)[golds]
+
+    def gradient(params: np.ndarray) -> np.ndarray:
+        w, b = params[: k * k].reshape(k, k), params[k * k:]
+        d = (_softmax(x @ w.T + b) - y) / len(golds)
+        return np.concatenate([(d.T @ x + 2 * l2 * w).ravel(), d.sum(axis=0)])
+
+    params = _adam(np.zeros(k * k + k), gradient, steps)
+    w = params[: k * k].reshape(k, k) * scale
+    return w, params[k * k:] - w @ mean
 
 
 def _logs(sample: Sample) -> np.ndarray:
-    return np.log(np.maximum(np.array(sample.probabilities), 1e-12))
+    return np.log(np.maximum(np.array(sample.probabilities), LOG_FLOOR))
+
+
+def _aligned(group: Sequence[Sample], options: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The group's log-probabilities and gold indices in ``options`` order (one question key
+    can arrive with its options in any order)."""
+    rows, golds = [], []
+    for s in group:
+        where = {o: i for i, o in enumerate(s.question.options)}
+        rows.append([s.probabilities[where[o]] for o in options])
+        golds.append(options.index(s.question.options[s.gold]))
+    return np.log(np.maximum(np.array(rows, dtype=float), LOG_FLOOR)), np.array(golds)
 
 
 def fit(samples: Sequence[Sample], method: str, identity: dict[str, Any], *,
@@ -255,7 +308,7 @@ def fit(samples: Sequence[Sample], method: str, identity: dict[str, Any], *,
     """A :class:`Calibration` of ``method`` fitted on ``samples``."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method != "fit" and content_free is None:
+    if method in ("content-free", "both") and content_free is None:
         raise ValueError(f"method {method!r} needs the content-free bias")
     groups: dict[str, list[Sample]] = {}
     for s in samples:
@@ -264,15 +317,20 @@ def fit(samples: Sequence[Sample], method: str, identity: dict[str, Any], *,
     for key, group in groups.items():
         q = group[0].question
         prior = np.array([(content_free or {}).get(key, {}).get(o, 0.0) for o in q.options])
+        z, golds = _aligned(group, q.options)
+        matrix = None
         if method == "content-free":
             temperature, b = 1.0, prior
+        elif method == "matrix":
+            w, b = _fit_matrix(z, golds)
+            temperature = 1.0
+            matrix = {o: dict(zip(q.options, row)) for o, row in zip(q.options, w.tolist())}
         else:
             base = prior if method == "both" else np.zeros(len(q.options))
-            temperature, extra = _fit([_logs(s) for s in group], [s.gold for s in group],
-                                      fit_bias=method == "fit", base_bias=base)
+            temperature, extra = _fit(z, golds, fit_bias=method == "fit", base_bias=base)
             b = base + extra
         cal.questions[key] = QuestionCorrection(q.name, q.type, float(temperature),
-                                                dict(zip(q.options, b.tolist())))
+                                                dict(zip(q.options, b.tolist())), matrix)
     for kind in sorted({s.question.type for s in samples}):
         of_kind = [s for s in samples if s.question.type == kind]
         by_k: dict[int, list[Sample]] = {}
@@ -280,8 +338,9 @@ def fit(samples: Sequence[Sample], method: str, identity: dict[str, Any], *,
             by_k.setdefault(len(s.probabilities), []).append(s)
         # one temperature for the type: fitted on its most common option count
         common = max(by_k.values(), key=len)
-        temperature, _ = _fit([_logs(s) for s in common], [s.gold for s in common],
-                              fit_bias=False, base_bias=np.zeros(len(common[0].probabilities)))
+        temperature, _ = _fit(np.stack([_logs(s) for s in common]),
+                              np.array([s.gold for s in common]), fit_bias=False,
+                              base_bias=np.zeros(len(common[0].probabilities)))
         cal.type_temperature[kind] = float(temperature)
     return cal
 

@@ -1,12 +1,12 @@
 """Fit a calibration from labelled Jev-native records and write calibration.json.
 
 The model answers every record (with --debias as it will be served); then a per-question
-temperature and option bias are fitted (see onepass.calibration: content-free prior
-correction, a fitted temperature + bias, or both; --method auto keeps the one with the lowest
-negative log-likelihood on a held-out 30%). --target-error also fits an abstention threshold
-on the held-out part: the lowest top probability whose answered questions err at most that
-often. Serve, decide and eval apply the file with --calibration; it is refused for another
-model, dtype, adapter or prompt version.
+correction is fitted (see onepass.calibration: content-free prior correction, a fitted
+temperature + bias, both, or a full matrix on the log-probabilities; --method auto keeps the one
+with the lowest negative log-likelihood on a held-out 30%). --target-error also fits an
+abstention threshold on the held-out part: the lowest top probability whose answered questions
+err at most that often. Serve, decide and eval apply the file with --calibration; it is
+refused for another model, dtype, adapter or prompt version.
 
   onepass calibrate --dataset val.jsonl --output calibration.json --target-error 0.1
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from onepass.calibration import METHODS
 from onepass.commands.common import add_model_arguments, engine_from_args, probability
 
 HELP = "fit a calibration (prior correction, temperature, abstention) on labelled records"
@@ -25,9 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True,
                         help="Jev-native dataset (.jsonl, .json record or array)")
     parser.add_argument("--output", required=True, help="the calibration file to write")
-    parser.add_argument("--method", default="auto", choices=["auto", "content-free", "fit",
-                                                              "both"],
-                        help="auto (default): the lowest held-out NLL of the three")
+    parser.add_argument("--method", default="auto", choices=["auto", *METHODS],
+                        help="auto (default): the lowest held-out NLL of them all")
     parser.add_argument("--target-error", type=probability,
                         help="fit --abstain-below for this error rate on answered questions")
     parser.add_argument("--limit", type=int, help="use only the first N records")
