@@ -94,8 +94,7 @@ class Calibration:
             if fit.matrix is not None:
                 w = np.array([[fit.matrix[o][j] for j in question.options]
                               for o in question.options])
-                logs = np.log(np.maximum(np.asarray(probabilities, dtype=float), LOG_FLOOR))
-                return _softmax(w @ logs + np.array(bias)).tolist()
+                return _softmax(w @ _floored_log(probabilities) + np.array(bias)).tolist()
             return _transform(probabilities, fit.temperature, bias)
         temperature = self.type_temperature.get(question.type)
         if temperature is None:
@@ -225,7 +224,7 @@ def content_free_bias(engine: Any, questions: Sequence[Any], *, debias: str | No
                 answer = engine.answer({"state": state, "questions": {"q": body}},
                                        debias=debias)["answers"]["q"]
                 mean += np.array(_distribution(q, answer))
-            bias = -np.log(np.maximum(mean / len(CONTENT_FREE_STATES), 1e-12))
+            bias = -_floored_log(mean / len(CONTENT_FREE_STATES))
             bias -= bias.mean()
             out[key] = dict(zip(q.options, bias.tolist()))
         return out
@@ -287,8 +286,9 @@ def _fit_matrix(z: np.ndarray, golds: np.ndarray, *, l2: float = MATRIX_L2, step
     return w, params[k * k:] - w @ mean
 
 
-def _logs(sample: Sample) -> np.ndarray:
-    return np.log(np.maximum(np.array(sample.probabilities), LOG_FLOOR))
+def _floored_log(probabilities: Any) -> np.ndarray:
+    """``log p`` with ``p`` floored at ``LOG_FLOOR``: the same features in fitting and in use."""
+    return np.log(np.maximum(np.asarray(probabilities, dtype=float), LOG_FLOOR))
 
 
 def _aligned(group: Sequence[Sample], options: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -299,7 +299,7 @@ def _aligned(group: Sequence[Sample], options: Sequence[str]) -> tuple[np.ndarra
         where = {o: i for i, o in enumerate(s.question.options)}
         rows.append([s.probabilities[where[o]] for o in options])
         golds.append(options.index(s.question.options[s.gold]))
-    return np.log(np.maximum(np.array(rows, dtype=float), LOG_FLOOR)), np.array(golds)
+    return _floored_log(rows), np.array(golds)
 
 
 def fit(samples: Sequence[Sample], method: str, identity: dict[str, Any], *,
@@ -338,7 +338,7 @@ def fit(samples: Sequence[Sample], method: str, identity: dict[str, Any], *,
             by_k.setdefault(len(s.probabilities), []).append(s)
         # one temperature for the type: fitted on its most common option count
         common = max(by_k.values(), key=len)
-        temperature, _ = _fit(np.stack([_logs(s) for s in common]),
+        temperature, _ = _fit(_floored_log([s.probabilities for s in common]),
                               np.array([s.gold for s in common]), fit_bias=False,
                               base_bias=np.zeros(len(common[0].probabilities)))
         cal.type_temperature[kind] = float(temperature)
