@@ -184,10 +184,14 @@ def _stops(value: Any) -> tuple[str, ...]:
 def _token_id(key: Any) -> int:
     if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
         return key
-    if isinstance(key, str) and key.isascii() and key.isdigit():
+    # at most 10 digits: every vocabulary fits, and int() never meets its 4,300-digit limit
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
         return int(key)
+    shown = repr(key) if not isinstance(key, str) or len(key) <= 20 else (
+        f"a key of {len(key)} characters")
     raise ContractError(
-        "logit_bias", f"expected token ids as keys (decimal strings such as \"50256\"), got {key!r}"
+        "logit_bias", "expected token ids as keys (decimal strings of at most 10 digits such "
+        f"as \"50256\"), got {shown}"
     )
 
 

@@ -1,10 +1,14 @@
 """Request body → JSON value: size cap, Content-Encoding decoding (capped while decoding),
-then strict JSON: no NaN/Infinity tokens, no duplicate keys, bounded nesting."""
+then strict JSON: no NaN/Infinity tokens (nor numbers that overflow to them), no duplicate
+keys, bounded nesting, integers of bounded length and no lone UTF-16 surrogates, so every
+route downstream gets values it can convert and encode (each refusal names its JSON path)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
 from typing import Any
 
 from fastapi import Request
@@ -18,11 +22,36 @@ from onepass.server.settings import ServerSettings
 MAX_JSON_DEPTH = 100
 BODY_READ_TIMEOUT = 30.0  # a client that trickles its body must not hold a connection forever
 _THREAD_PARSE_BYTES = 64 * 1024  # bigger bodies are decoded and parsed off the event loop
-
+# Longer integers are refused: every accepted one then fits a double's range (float() never
+# overflows) and stays far below Python's 4,300-digit int/str conversion limit (a ValueError
+# wherever such an int is parsed or printed).
+MAX_INT_DIGITS = 308
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a pair decodes to one character: only lone ones
 
 
 class _DupDict(dict):
     duplicate: str = ""
+
+
+class _HugeInt:
+    """Stands where an over-long integer was, so the walk can report its path."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+class _Overflow:
+    """Stands where a number that overflows a double (1e400) was."""
+
+
+def _int(text: str) -> Any:
+    digits = len(text) - text.startswith("-")
+    return _HugeInt(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def _float(text: str) -> Any:
+    value = float(text)
+    return _Overflow() if math.isinf(value) else value
 
 
 def _reject_constant(name: str) -> Any:
@@ -58,7 +87,8 @@ def parse_json(data: bytes) -> Any:
         return marked
 
     try:
-        value = json.loads(data, object_pairs_hook=pairs, parse_constant=_reject_constant)
+        value = json.loads(data, object_pairs_hook=pairs, parse_constant=_reject_constant,
+                           parse_int=_int, parse_float=_float)
     except json.JSONDecodeError as exc:
         raise ApiError.of(
             "invalid_json",
@@ -70,6 +100,7 @@ def parse_json(data: bytes) -> Any:
         raise _too_deep() from None
     if _depth(value) > MAX_JSON_DEPTH:
         raise _too_deep()
+    _check_values(value)
     if found:
         path = _path_to(value, found[0]) or "body"
         raise ApiError.of(
@@ -104,6 +135,38 @@ def _depth(value: Any) -> int:
             return deepest
         stack.extend((c, d + 1) for c in children)
     return deepest
+
+
+def _check_values(root: Any) -> None:
+    """Refuse (400, naming the JSON path) an over-long integer, a number that overflows to
+    infinity, or a string (value or key) holding a lone surrogate, which no UTF-8 encoder
+    (tokenizer, log line, response) accepts."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii() and _SURROGATE.search(node):
+                _refuse(root, node, "the string holds a lone UTF-16 surrogate (such as "
+                        "\\ud800 without its pair), which is not text; send valid Unicode")
+        elif isinstance(node, _HugeInt):
+            _refuse(root, node, f"an integer of {node.digits} digits is over the limit of "
+                    f"{MAX_INT_DIGITS} digits")
+        elif isinstance(node, _Overflow):
+            _refuse(root, node, "the number is outside the range of a double (it would be "
+                    "Infinity)")
+        elif isinstance(node, dict):
+            for key in node:
+                if not key.isascii() and _SURROGATE.search(key):
+                    _refuse(root, node, f"the key {key[:40]!r} holds a lone UTF-16 surrogate, "
+                            "which is not text; send valid Unicode")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _refuse(root: Any, target: Any, why: str) -> None:
+    path = _path_to(root, target) or "body"
+    raise ApiError.of("invalid_json", f"{path}: {why}", field=path)
 
 
 def _path_to(root: Any, target: Any) -> str | None:

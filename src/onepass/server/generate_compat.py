@@ -101,6 +101,12 @@ def parse_generate(body: Any) -> tuple[list[list[int]], list[list[int]], bool]:
         candidates = [_ids(c, f"token_ids_logprob[{i}]") for i, c in enumerate(asked)]
     else:
         candidates = [_ids(asked, "token_ids_logprob")] * len(prompts)
+    rid = body.get("rid")  # echoed as meta_info.id: a string (a list of them for a batch)
+    if rid is not None and not isinstance(rid, str) and not (
+            batch and isinstance(rid, list) and len(rid) == len(prompts)
+            and all(isinstance(r, str) for r in rid)):
+        raise _bad("rid", "expected a request id string (a batch: one per prompt), got "
+                   f"{type(rid).__name__}")
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise _bad("sampling_params", "expected an object")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import struct
 import time
 import uuid
@@ -539,9 +540,11 @@ def input_items_page(
             raise ContractError(key, "unknown query parameter; expected limit, order, after "
                                 "or before")
     raw_limit = query.get("limit", str(INPUT_ITEMS_DEFAULT_LIMIT))
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= INPUT_ITEMS_MAX_LIMIT:
+    # ASCII digits only (str.isdigit accepts "²" and "٣"), and few enough for int()
+    if not re.fullmatch(r"[0-9]{1,9}", raw_limit) or not (
+            1 <= int(raw_limit) <= INPUT_ITEMS_MAX_LIMIT):
         raise ContractError("limit", f"expected an integer from 1 to {INPUT_ITEMS_MAX_LIMIT}, "
-                            f"got {raw_limit!r}")
+                            f"got {raw_limit[:20]!r}")
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise ContractError("order", f"expected 'asc' or 'desc', got {order!r}")
