@@ -77,6 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(g, "--drain-seconds", type=float, default=S.DEFAULT_DRAIN_SECONDS,
                  help="on SIGTERM/SIGINT, how long in-flight requests may finish "
                  f"(default {S.DEFAULT_DRAIN_SECONDS:g})")
+    env_argument(g, "--header-timeout", type=float, default=S.DEFAULT_HEADER_TIMEOUT,
+                 help="seconds a connection may take to send its request line and headers "
+                 "(from opening, or from a kept-alive request's first byte); slower ones are "
+                 f"closed (default {S.DEFAULT_HEADER_TIMEOUT:g})")
+    env_argument(g, "--max-connections", type=positive_int, default=S.DEFAULT_MAX_CONNECTIONS,
+                 help="open connections at most; past it the oldest connection still waiting "
+                 "for a request head is closed, so idle connections cannot lock clients out "
+                 f"(default {S.DEFAULT_MAX_CONNECTIONS}; keep it under the file limit, "
+                 "ulimit -n)")
+    env_argument(g, "--public-url",
+                 help="the URL clients reach this server at (behind a proxy, or bound to "
+                 "0.0.0.0), shown by GET /.skill; default http://HOST:PORT from --host/--port "
+                 "(the request's Host header is never used)")
     env_argument(g, "--log-level", default=S.DEFAULT_LOG_LEVEL, choices=S.LOG_LEVELS,
                  help=f"log level (default {S.DEFAULT_LOG_LEVEL}); logs are JSON lines on "
                  "stderr, one per API request")
@@ -153,6 +166,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             log_level=args.log_level,
             served_model_name=args.served_model_name,
             playground=not _switch_value(args.no_playground),
+            header_timeout=args.header_timeout,
+            max_connections=args.max_connections,
+            public_url=args.public_url or None,
         )
     except ValueError as exc:
         raise SystemExit(f"onepass serve: error: {exc}") from None
@@ -228,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     from onepass.server import logs
     from onepass.server.app import create_app
+    from onepass.server.connections import protocol_class
 
     settings = settings_from_args(args)
     logs.configure(settings.log_level)
@@ -262,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
         # connection the client is about to reuse
         timeout_keep_alive=75,
         server_header=False,
+        # uvicorn's h11 protocol plus a request-head deadline and a connection cap
+        http=protocol_class(settings.header_timeout, settings.max_connections),
     )
     server = _draining_server(config, runtime)
 

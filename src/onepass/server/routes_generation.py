@@ -381,7 +381,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def chat_completions(request: Request) -> Response:
         raw = await read_json(request, settings)
-        req = W.parse_chat(raw)
+        req = await asyncio.to_thread(W.parse_chat, raw)  # CPU per body: off the loop
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
@@ -457,7 +457,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def completions(request: Request) -> Response:
         raw = await read_json(request, settings)
-        req = W.parse_completion(raw)
+        req = await asyncio.to_thread(W.parse_completion, raw)
         engine, model = resolve(req.model)
         grammar = await compile_grammar(engine, req.grammar)
         gen, backend = engine.generator, engine.backend
@@ -576,7 +576,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def responses(request: Request) -> Response:
         raw = await read_json(request, settings)
-        req = W.parse_responses(raw)
+        req = await asyncio.to_thread(W.parse_responses, raw)
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
@@ -596,7 +596,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                                "invalid_request_error", field="previous_response_id")
             history = list(previous.history)
         conversation = history + req.messages
-        T.check_tool_turns(conversation, "input", indexed=False)
+        await asyncio.to_thread(T.check_tool_turns, conversation, "input", indexed=False)
         messages = ([{"role": "system", "content": req.instructions}] if req.instructions
                     else []) + conversation
         gen = engine.generator
@@ -712,7 +712,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     async def embeddings(request: Request) -> Response:
         rt.require_engine(task=None)  # ready (or a 503) before the body is read
         raw = await read_json(request, settings)
-        req = W.parse_embeddings(raw)
+        req = await asyncio.to_thread(W.parse_embeddings, raw)
         # without a model: the first embedding model, else the default decoder
         engine = rt.engine_for(req.model, task="embedding")
         model, backend = engine.served_name, engine.backend

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass
 
 DEFAULT_HOST = "127.0.0.1"
@@ -18,6 +19,8 @@ DEFAULT_MAX_QUEUE = 64
 DEFAULT_REQUEST_DEADLINE = 5.0
 DEFAULT_DRAIN_SECONDS = 15.0
 DEFAULT_WORKERS = 8
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_MAX_CONNECTIONS = 512
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_LOG_LEVEL = "info"
 
@@ -50,6 +53,14 @@ class ServerSettings:
     served_model_name: str | None = None
     # GET / serves the playground page (``--no-playground`` turns it off).
     playground: bool = True
+    # A connection whose request head (request line + headers) is not complete this many
+    # seconds after it opened (or after a kept-alive request's first byte) is closed.
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    # Open connections at most; past it the oldest one waiting for a request head is closed.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # The address clients use (behind a proxy, or when bound to 0.0.0.0): GET /.skill shows
+    # it; None: http://host:port from the two settings above. Never the request's Host header.
+    public_url: str | None = None
 
     def __post_init__(self) -> None:
         # every comparison is False for nan; infinities are refused explicitly (an infinite
@@ -62,14 +73,28 @@ class ServerSettings:
             ("request_deadline", 0 < self.request_deadline < math.inf, "a finite number > 0"),
             ("workers", self.workers > 0, "an integer > 0"),
             ("drain_seconds", 0 <= self.drain_seconds < math.inf, "a finite number >= 0"),
+            ("header_timeout", 0 < self.header_timeout < math.inf, "a finite number > 0"),
+            ("max_connections", self.max_connections > 0, "an integer > 0"),
             ("log_level", self.log_level in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}"),
         )
         bad = [f"{name}: expected {what}, got {getattr(self, name)!r}"
                for name, ok, what in checks if not ok]
         if bad:
             raise ValueError(f"invalid server settings: {'; '.join(bad)}")
+        if self.public_url is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?",
+                                                            self.public_url):
+            raise ValueError(f"public_url: expected http(s)://host[:port][/path], got "
+                             f"{self.public_url!r}")
         if self.api_key is not None and (not self.api_key.strip() or " " in self.api_key.strip()):
             raise ValueError("api_key must be a non-empty token without spaces")
+
+    @property
+    def base_url(self) -> str:
+        """Where clients reach this server: ``public_url``, else ``http://host:port``."""
+        if self.public_url is not None:
+            return self.public_url.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def is_loopback(self) -> bool:
