@@ -172,3 +172,32 @@ def test_required_with_parallel_calls_ends_within_the_call_bound(engine):
     _, calls = T.parse_calls(out.text, s)
     assert out.finish_reason == "stop", out
     assert 1 <= len(calls) <= T.MAX_PARALLEL_CALLS
+
+
+def test_forced_call_over_local_defs_compiles_generates_and_validates(engine):
+    """Parameters with local ``#/$defs/...`` pointers (pydantic's shape) are forced: before,
+    the wrapper nested them and every pointer missed. Two functions both name ``$defs/Item``
+    with different shapes: each resolves inside its own parameters."""
+    import jsonschema
+
+    from onepass.generate.grammar import compile_grammar, tokenizer_info
+
+    def defs_tool(name: str, item: dict) -> dict:
+        return {"type": "function", "function": {"name": name, "strict": True, "parameters": {
+            "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}},
+            "required": ["item"], "additionalProperties": False, "$defs": {"Item": item}}}}
+
+    tools = [defs_tool("order", {"type": "object", "properties": {"sku": {"type": "string",
+                                                                          "maxLength": 8}},
+                                 "required": ["sku"], "additionalProperties": False}),
+             defs_tool("count", {"type": "integer", "minimum": 0, "maximum": 9})]
+    info = tokenizer_info(engine.backend)
+    for named in ("order", "count"):
+        s = T.parse_tool_request(tools, {"type": "function", "function": {"name": named}}, False)
+        compile_grammar(info, grammar=T.call_grammar(s), field="tools")
+        out = engine.generate("Order one apple.", grammar=T.call_grammar(s), max_tokens=40,
+                              temperature=0)
+        assert out.finish_reason == "stop", out
+        (call,) = T.parse_calls(out.text, s)[1]
+        assert call.name == named
+        jsonschema.validate(json.loads(call.arguments), s.function(named).parameters)

@@ -23,6 +23,15 @@ Gemma 2/3 templates declare no tools (Gemma's own guidance is a prompt conventio
 uses the portable instruction and its Hermes calls. A completed call that does not parse, names
 an unknown function, or whose arguments are not an object (or break a ``strict`` schema) is a
 :class:`MalformedCall`: the route answers 502 ``invalid_model_output`` and never passes it on.
+
+References. A parameters schema is checked and used on the server, so it may only refer to
+itself: every ``$ref`` is a JSON pointer into the same schema (``#``, ``#/$defs/...``,
+``#/definitions/...``, ``#/properties/...``) that points at a schema; a URL, a file, a relative
+path, a URN or an anchor is refused (400 naming the ``$ref``), and so are ``$id`` (it rebases
+every reference under it), ``$dynamicRef``/``$recursiveRef`` (resolved through the dynamic
+scope) and a ``$schema`` other than the dialects that use ``$id`` (draft-04's ``id`` rebases
+too). Calls are validated through a :data:`LOCAL_ONLY` registry whose retrieval refuses every
+URI, so even a form the check missed never reaches the network or the disk.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
+
+import referencing
+import referencing.exceptions
 
 from onepass.contract import ContractError, _describe
 
@@ -186,6 +199,7 @@ def parse_tools(raw: Any, *, dialect: str = "chat") -> tuple[Function, ...]:
         if strict is not None and not isinstance(strict, bool):
             raise ContractError(f"{at}.strict", f"expected a boolean, got {_describe(strict)}")
         _check_schema(parameters, f"{at}.parameters")
+        check_references(parameters, f"{at}.parameters")
         out.append(Function(name, description, parameters, bool(strict)))
     return tuple(out)
 
@@ -237,6 +251,82 @@ def _check_schema(schema: Mapping[str, Any], where: str) -> None:
         Draft202012Validator.check_schema(dict(schema))
     except SchemaError as exc:
         raise ContractError(where, f"not a valid JSON Schema: {exc.message}") from None
+
+
+# every dialect that names its base URI ``$id`` (refused below); draft-03/04 rebase with ``id``
+_DIALECTS = frozenset(
+    f"{base}{tail}" for base in ("https://json-schema.org/draft/2020-12/schema",
+                                 "https://json-schema.org/draft/2019-09/schema",
+                                 "http://json-schema.org/draft-07/schema",
+                                 "http://json-schema.org/draft-06/schema") for tail in ("", "#"))
+_REBASING = {
+    "$id": "'$id' changes the base every reference under it resolves against",
+    "$dynamicRef": "'$dynamicRef' resolves through the dynamic scope",
+    "$recursiveRef": "'$recursiveRef' resolves through the dynamic scope",
+}
+
+
+def check_references(schema: Mapping[str, Any], where: str) -> None:
+    """Refuse every reference that could leave ``schema`` (see the module's References):
+    ``$ref`` must be a JSON pointer into ``schema`` naming a schema. Every object in the
+    document is looked at, values of ``const``/``enum``/``default`` too (a pointer may reach
+    anywhere), iteratively, so a deep schema cannot exhaust the stack here."""
+    stack: list[tuple[Any, str]] = [(schema, where)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{at}[{i}]") for i, item in enumerate(node))
+            continue
+        if not isinstance(node, Mapping):
+            continue
+        for key, value in node.items():
+            field = f"{at}.{key}"
+            if isinstance(value, str):  # a schema keyword here (objects are subschemas)
+                if key == "$ref":
+                    _check_pointer(schema, value, field)
+                elif key in _REBASING:
+                    raise ContractError(field, f"{_REBASING[key]}; only local '$ref' "
+                                        "pointers ('#/$defs/...') are supported")
+                elif key == "$schema" and value not in _DIALECTS:
+                    raise ContractError(field, f"unsupported dialect {value[:100]!r}; "
+                                        "expected JSON Schema 2020-12 (or omit $schema)")
+            elif isinstance(value, (Mapping, list)):
+                stack.append((value, field))
+
+
+def _check_pointer(schema: Mapping[str, Any], ref: str, field: str) -> None:
+    """``ref`` is ``#`` or ``#/...`` (a JSON pointer, percent-decoded as jsonschema reads it)
+    and points at a schema (an object or a boolean) inside ``schema``."""
+    shown = ref if len(ref) <= 100 else ref[:100] + "..."
+    if not ref.startswith("#"):
+        raise ContractError(field, f"only local '$ref' pointers ('#/$defs/...') are "
+                            f"supported, got {shown!r}; the server never fetches a URL or "
+                            "reads a file")
+    if len(ref) > 1 and not ref.startswith("#/"):
+        raise ContractError(field, f"'$ref' {shown!r} names an anchor; only JSON pointers "
+                            "('#/$defs/...') are supported")
+    target: Any = schema
+    for token in unquote(ref[1:]).split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, Mapping) and token in target:
+            target = target[token]
+        elif (isinstance(target, list) and token.isdigit() and token.isascii()
+              and int(token) < len(target) and (token == "0" or token[0] != "0")):
+            target = target[int(token)]
+        else:
+            raise ContractError(field, f"'$ref' {shown!r} points at nothing in this schema")
+    if not isinstance(target, (Mapping, bool)):
+        raise ContractError(field, f"'$ref' {shown!r} points at {_describe(target)}, not a "
+                            "schema")
+
+
+def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
+    """Every URI a validation would fetch: refused (references are local or nothing)."""
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+LOCAL_ONLY: referencing.Registry[Any] = referencing.Registry(retrieve=_refuse_retrieval)
+"""The registry calls are validated through: it retrieves nothing, ever."""
 
 
 # --------------------------------------------------------------------------- rendering
@@ -401,15 +491,20 @@ def call_grammar(spec: ToolSpec) -> str:
     """A Lark grammar (llguidance) whose sentences are exactly well-formed Hermes calls:
     ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, the arguments valid
     under the function's parameters schema. A named function: one call; ``required``: one, or
-    up to :data:`MAX_PARALLEL_CALLS` when parallel calls are allowed."""
+    up to :data:`MAX_PARALLEL_CALLS` when parallel calls are allowed.
+
+    Each function's parameters sit in the wrapper as an embedded resource of their own (an
+    ``$id`` the server chose; a client's ``$id`` is refused), so their local pointers
+    (``#/$defs/...``, what pydantic emits) resolve inside them as they would at the root."""
     names = [spec.named] if spec.choice == "function" else [f.name for f in spec.functions]
     variants = []
     for name in names:
         fn = spec.function(name)
         assert fn is not None
+        arguments = {**fn.parameters, "$id": f"urn:onepass:tool:{name}"}
         variants.append({
             "type": "object",
-            "properties": {"name": {"const": name}, "arguments": dict(fn.parameters)},
+            "properties": {"name": {"const": name}, "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False,
         })
     schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
@@ -511,7 +606,12 @@ def _check_call(obj: Any, spec: ToolSpec) -> ToolCall:
     if fn.strict or spec.forced:
         from jsonschema import Draft202012Validator
 
-        error = next(iter(Draft202012Validator(dict(fn.parameters)).iter_errors(args)), None)
+        validator = Draft202012Validator(dict(fn.parameters), registry=LOCAL_ONLY)
+        try:
+            error = next(iter(validator.iter_errors(args)), None)
+        except referencing.exceptions.Unresolvable:  # refused at parse time; never fetched
+            raise MalformedCall(f"the parameters schema of {name} has a reference that does "
+                                "not resolve inside it") from None
         if error is not None:
             raise MalformedCall(f"the arguments of {name} break its parameters schema: "
                                 f"{error.message}")

@@ -393,8 +393,8 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         cid, created = W.new_id("chatcmpl", "-"), int(time.time())
         if not req.stream:
             choices, finishes = await collect(request, running)
-            for choice in choices:
-                settle_tools(choice, tools, fmt)
+            for choice in choices:  # validating a call is CPU work: off the event loop
+                await asyncio.to_thread(settle_tools, choice, tools, fmt)
             usage = W.Usage.of(finishes)
             _usage_log(request, model, usage, rt.metrics)
             return StrictJSONResponse(
@@ -424,7 +424,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                     if tools is not None:
                         choice = held[i]
                         choice.finish_reason = reason
-                        settle_tools(choice, tools, fmt)
+                        await asyncio.to_thread(settle_tools, choice, tools, fmt)
                         reason = choice.finish_reason
                         if choice.text:
                             yield W.sse(W.chat_chunk(
@@ -606,9 +606,9 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         running = start(gen, prompt, req.params, limit, grammar=grammar)
         rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
 
-        def finished(text: str, finish: Finish) -> dict[str, Any]:
+        async def finished(text: str, finish: Finish) -> dict[str, Any]:
             choice = W.Choice(text=text, finish_reason=finish.reason)
-            settle_tools(choice, tools, fmt)
+            await asyncio.to_thread(settle_tools, choice, tools, fmt)  # off the event loop
             text = choice.text
             usage = W.Usage.of([finish])
             _usage_log(request, model, usage, rt.metrics)
@@ -631,7 +631,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
         if not req.stream:
             choices, finishes = await collect(request, running)
-            return StrictJSONResponse(finished(choices[0].text, finishes[0]))
+            return StrictJSONResponse(await finished(choices[0].text, finishes[0]))
 
         async def events() -> AsyncIterator[bytes]:
             seq = 0
@@ -656,7 +656,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                         error = _failure(ev)
                         if error is not None:
                             raise error
-                        body = finished(text, ev)
+                        body = await finished(text, ev)
                         for index, item in enumerate(body["output"]):
                             for kind, data in W.output_item_events(item, index):
                                 yield event(kind, **data)
@@ -677,7 +677,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                     error = _failure(ev)
                     if error is not None:
                         raise error
-                    body = finished(text, ev)
+                    body = await finished(text, ev)
                     yield event("response.output_text.done", **place, content_index=0,
                                 text=text, logprobs=[])
                     yield event("response.content_part.done", **place, content_index=0,
