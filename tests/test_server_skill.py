@@ -188,3 +188,27 @@ def test_every_example_is_answered_by_the_real_server(engine):
             assert response.status_code == 200, (path, response.text)
     table = text.split("### Models")[1].split("\n## ")[0]
     assert f"| `{engine.served_name}` | {engine.max_input_tokens} |" in table
+
+
+def test_the_base_url_is_the_configured_address_never_the_host_header():
+    """A client writes the Host header: an injected host must not reach the examples an agent
+    runs (issue 25, item 10; it did: `Base URL: http://evil.example:666`)."""
+    for settings, base in ((None, "http://127.0.0.1:8080"),
+                           (ServerSettings(host="::1", port=9001), "http://[::1]:9001"),
+                           (ServerSettings(host="0.0.0.0", public_url="https://api.example/op/"),
+                            "https://api.example/op")):
+        app = create_app(_never_loads, settings)
+        text = TestClient(app).get(PATH, headers={"host": "evil.example:666"}).text
+        assert "evil.example" not in text
+        assert f"Base URL: `{base}`" in text and "not the Host header" in text
+        assert f"curl -sS {base}/health/live" in text
+    with pytest.raises(ValueError, match="public_url"):
+        ServerSettings(public_url="javascript:alert(1)")
+
+
+def test_no_cdn_loaded_docs_page_and_the_openapi_document_stays():
+    client = TestClient(create_app(_never_loads))
+    for page in ("/docs", "/redoc"):
+        assert client.get(page).status_code == 404
+    doc = client.get("/openapi.json")
+    assert doc.status_code == 200 and "/v1/systemone" in doc.json()["paths"]

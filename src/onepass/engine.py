@@ -160,6 +160,7 @@ class DecisionEngine:
         backend: str = "torch",
         engine: str | None = None,
         engine_url: str | None = None,
+        engine_api_key: str | None = None,
         n_ctx: int | None = None,
         n_threads: int | None = None,
         compute: str | None = None,
@@ -168,7 +169,8 @@ class DecisionEngine:
 
         ``backend``: ``torch`` (default, in process), ``llamacpp`` (a GGUF run natively by
         llama.cpp; ``n_ctx``/``n_threads``) or ``remote`` (``engine`` — sglang, vllm,
-        llama-server or onepass — at ``engine_url``; ``model`` names the
+        llama-server or onepass — at ``engine_url``, sent ``engine_api_key`` as a bearer
+        token when given; ``model`` names the
         checkpoint whose tokenizer and chat template render the prompts). The renderer, labels
         and readout are the same for all three. ``compute`` (torch only): the decoder linears'
         working weights (``auto``, ``stored``, ``int8``, ``float32``, ``bfloat16``,
@@ -191,7 +193,7 @@ class DecisionEngine:
 
             if not engine or not engine_url:
                 raise ValueError("--backend remote needs --engine and --engine-url")
-            chosen = RemoteBackend.connect(engine, engine_url, model)
+            chosen = RemoteBackend.connect(engine, engine_url, model, api_key=engine_api_key)
         elif backend == "torch":
             from onepass.backends.torch import TorchBackend
             from onepass.models import resolve

@@ -221,6 +221,10 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(g, "--engine", choices=list(ENGINES),
                  help="the remote engine's HTTP dialect (with --backend remote)")
     env_argument(g, "--engine-url", help="the remote engine's base URL (with --backend remote)")
+    env_argument(g, "--engine-api-key",
+                 help="sent to the remote engine as 'Authorization: Bearer <key>' (an engine "
+                 "started with an API key); never logged. Prefer the environment "
+                 "(ONEPASS_ENGINE_API_KEY) so the key stays out of process listings")
     env_argument(g, "--n-ctx", type=positive_int,
                  help="llamacpp: context length in tokens (default 4096)")
     env_argument(g, "--n-threads", type=positive_int,
@@ -233,6 +237,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("error: --backend remote needs --engine and --engine-url")
     return {"backend": getattr(args, "backend", "torch"), "engine": getattr(args, "engine", None),
             "engine_url": getattr(args, "engine_url", None),
+            "engine_api_key": getattr(args, "engine_api_key", None) or None,
             "n_ctx": getattr(args, "n_ctx", None), "n_threads": getattr(args, "n_threads", None)}
 
 

@@ -182,6 +182,7 @@ def model_specs(args: argparse.Namespace) -> list[Any]:
         max_input_tokens=args.max_input_tokens, max_concurrency=args.max_concurrency,
         default_max_output_tokens=args.default_max_output_tokens, task=args.task,
         backend=args.backend, engine=args.engine, engine_url=args.engine_url,
+        engine_api_key=args.engine_api_key or None,
     )
     if args.models_config:
         if args.model or args.served_model:
@@ -208,7 +209,7 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
         max_input_tokens=spec.max_input_tokens, temperature=args.temperature,
         served_name=spec.served_model, compute=getattr(args, "compute", None),
         backend=spec.backend, engine=spec.engine, engine_url=spec.engine_url,
-        n_ctx=args.n_ctx, n_threads=args.n_threads,
+        engine_api_key=spec.engine_api_key, n_ctx=args.n_ctx, n_threads=args.n_threads,
     )
     apply_quality(engine, args)
     engine.max_concurrency = spec.max_concurrency

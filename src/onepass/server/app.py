@@ -3,7 +3,10 @@
 Routes: ``POST /v1/systemone``, ``POST /v1/decisions``, ``GET /v1/models``, ``GET /health``,
 ``GET /health/live``, ``GET /metrics``, ``GET /.skill`` (how to call each, for an LLM agent),
 ``POST /generate`` (token-id scoring in SGLang's shape, for a worker behind sglang-router:
-``generate_compat``), and the OpenAPI document at ``/openapi.json`` (``/docs`` renders it).
+``generate_compat``), and the OpenAPI document at ``/openapi.json``. There is no ``/docs`` or
+``/redoc`` page: FastAPI's load their scripts from a CDN (a browser on the page runs whatever
+that host serves), and the one PyPI package that ships Swagger UI (swagger-ui-bundle 1.1.0,
+2023) bundles a 2022 release; any OpenAPI viewer reads ``/openapi.json``.
 
 The request path: auth → readiness → body (size cap, Content-Encoding decoded with a cap on
 the decoded size) → JSON (duplicate keys refused) → contract validation (a decisions schema is
@@ -119,8 +122,8 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-# a working request for each body model without its own example (shown by /docs and /.skill;
-# a test sends each one to the server)
+# a working request for each body model without its own example (shown in /openapi.json and
+# /.skill; a test sends each one to the server)
 _BODY_EXAMPLES: dict[str, dict[str, Any]] = {
     "SystemOneRequestModel": {
         "state": "Hello! How are you today?",
@@ -191,6 +194,8 @@ def create_app(
         summary="Typed decisions (noul, choice, score) from one forward pass: the System One "
         "API, compatible with the official typesafe-sdk client.",
         lifespan=lifespan,
+        docs_url=None,  # CDN-loaded pages: see the module docstring
+        redoc_url=None,
     )
     app.state.runtime = rt
     app.add_middleware(RequestContextMiddleware, runtime=rt)

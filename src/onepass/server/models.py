@@ -9,7 +9,7 @@ model loads, so a typo fails start-up with one line naming the file, the entry a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +44,15 @@ class ModelSpec:
     backend: str = "torch"
     engine: str | None = None
     engine_url: str | None = None
+    # the remote engine's bearer key; kept out of repr so no log line or error shows it
+    engine_api_key: str | None = field(default=None, repr=False)
 
 
 _CHOICES = {"device": ("auto", "cpu", "cuda", "mps"),
             "dtype": ("auto", "float32", "bfloat16", "float16"),
             "task": TASKS, "backend": BACKENDS}
 _POSITIVE = ("max_input_tokens", "max_concurrency", "default_max_output_tokens")
-_STRINGS = ("model", "served_model", "adapter", "context_path", "engine_url")
+_STRINGS = ("model", "served_model", "adapter", "context_path", "engine_url", "engine_api_key")
 
 
 def check_spec(spec: ModelSpec, where: str) -> ModelSpec:

@@ -237,6 +237,12 @@ async def collect(
         running.cancel()
 
 
+def _backend_kind(backend: Any) -> str:
+    """The --backend name of a backend object (for messages)."""
+    name = type(backend).__name__
+    return {"LlamaCppBackend": "llamacpp", "RemoteBackend": "remote"}.get(name, name)
+
+
 def _active(tools: T.ToolSpec | None) -> T.ToolSpec | None:
     return tools if tools is not None and tools.active else None
 
@@ -315,6 +321,12 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     def resolve(model: str | None) -> tuple[Any, str]:
         """The engine serving ``model`` and its served name: checked before any work."""
         engine = rt.require_engine(model)  # each served model by its own name; else 404
+        if not hasattr(engine.backend, "step"):  # llamacpp, remote: no KV arena to generate in
+            raise ContractError("model", f"model {engine.served_name!r} is served by the "
+                                f"{_backend_kind(engine.backend)} backend, which does not "
+                                "generate through the OpenAI routes yet (it answers "
+                                "/v1/systemone and /v1/decisions); serve it with --backend "
+                                "torch to generate")
         if id(engine) not in hooked:
             hook(engine.generator)
             hooked.add(id(engine))

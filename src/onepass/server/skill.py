@@ -52,6 +52,10 @@ def server_limits(settings: ServerSettings) -> list[Limit]:
         Limit("request_deadline", settings.request_deadline,
               "seconds a decision request may wait for its turn: 429 after (retry later)"),
         Limit("workers", settings.workers, "decision requests prepared at once per model"),
+        Limit("header_timeout", settings.header_timeout,
+              "seconds to send the request line and headers: the connection is closed after"),
+        Limit("max_connections", settings.max_connections,
+              "open connections: past it the oldest one idle before its request is closed"),
     ]
 
 
@@ -93,8 +97,10 @@ def register(app: FastAPI, settings: ServerSettings) -> None:
                               "description": "The document"}})
     async def skill(request: Request) -> MarkdownResponse:
         runtime = getattr(request.app.state, "runtime", None)
+        # the configured address, never the request's Host header (which the client writes:
+        # an injected host would put another server in the examples an agent runs)
         text = render(app.openapi(), server_limits(settings), model_limits(runtime),
-                      base_url=str(request.base_url).rstrip("/"))
+                      base_url=settings.base_url, configured=True)
         return MarkdownResponse(text)
 
 
@@ -102,8 +108,8 @@ def register(app: FastAPI, settings: ServerSettings) -> None:
 
 
 def render(doc: Mapping[str, Any], limits: Sequence[Limit],
-           models: Sequence[Mapping[str, Any]] = (), base_url: str = "http://127.0.0.1:8080"
-           ) -> str:
+           models: Sequence[Mapping[str, Any]] = (), base_url: str = "http://127.0.0.1:8080",
+           configured: bool = False) -> str:
     """The whole document from an OpenAPI document and the limits in force (pure)."""
     info = doc.get("info", {})
     ops = [(method.upper(), path, item[method]) for path, item in doc.get("paths", {}).items()
@@ -114,7 +120,11 @@ def render(doc: Mapping[str, Any], limits: Sequence[Limit],
         "",
         _cell(info.get("summary") or info.get("description") or "", table=False),
         "",
-        f"Base URL: `{base_url}` (no `/v1` suffix: the paths below include it). Bodies are "
+        f"Base URL: `{base_url}` (no `/v1` suffix: the paths below include it)"
+        + (": the server's configured address (`--public-url`, else `--host`/`--port`), not "
+           "the Host header of this request; if you reached this page at another address, "
+           "use that one" if configured else "")
+        + ". Bodies are "
         "JSON objects in UTF-8 (`content-type: application/json`); duplicate keys, NaN and "
         "Infinity are refused. The same contract as OpenAPI: `GET /openapi.json`. Every "
         "response carries `x-typesafe-request-id`.",

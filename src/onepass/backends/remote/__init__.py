@@ -45,7 +45,7 @@ class RemoteBackend:
 
     def __init__(self, engine: str, url: str, tokenizer: Any, *, name: str,
                  model: str | None = None, timeout: float = 60.0, client: Any = None,
-                 parallel: int = 8, verify: bool = True):
+                 parallel: int = 8, verify: bool = True, api_key: str | None = None):
         import httpx
 
         if engine not in ENGINES:
@@ -56,7 +56,9 @@ class RemoteBackend:
         self.name = name
         self.model = model or name  # the name the engine knows the model by (vLLM's "model")
         self.timeout = timeout
-        self.client = client or httpx.Client(base_url=self.url, timeout=timeout)
+        # the key lives in the client's headers only: never an attribute, a log or a message
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+        self.client = client or httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
         self.chat_template = getattr(tokenizer, "chat_template", None)
         specials = {str(t) for t in tokenizer.all_special_tokens}
         specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
@@ -97,6 +99,12 @@ class RemoteBackend:
             raise EngineError(503, f"the {self.engine} engine at {self.url} is unreachable "
                               f"({exc.__class__.__name__}: {exc}); retry when it is back",
                               retry_after=5.0) from None
+        if response.status_code in (401, 403):
+            raise EngineError(502, f"the {self.engine} engine refused {path} with HTTP "
+                              f"{response.status_code}: it needs an API key "
+                              "(--engine-api-key / ONEPASS_ENGINE_API_KEY / the models-config "
+                              "key engine_api_key), or the key sent is wrong",
+                              upstream=response.status_code)
         if response.status_code == 503:
             raise EngineError(503, f"the {self.engine} engine is not ready "
                               f"({_excerpt(response)})", retry_after=5.0)
