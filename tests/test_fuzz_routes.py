@@ -8,6 +8,7 @@ known-dangerous shapes (exponential ``$ref`` trees, huge/NaN-adjacent numbers, d
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -50,11 +51,19 @@ VALID = {
     "/v1/responses": {"input": "Say hi.", "max_output_tokens": 4},
 }
 
+# integers past a double's range and past Python's 4,300-digit int/str limit (a 500 before)
+huge_integers = st.integers(min_value=300, max_value=6000).flatmap(
+    lambda digits: st.sampled_from([10**digits - 1, -(10**digits)]))
+# text holding a lone UTF-16 surrogate ("\ud800" in JSON; a 500 on every text route before)
+lone_surrogates = st.tuples(st.text(max_size=8), st.characters(categories=["Cs"]),
+                            st.text(max_size=8)).map("".join)
+keys = st.text(max_size=12) | lone_surrogates
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
+    | huge_integers | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40)
+    | lone_surrogates,
     lambda children: st.lists(children, max_size=6)
-    | st.dictionaries(st.text(max_size=12), children, max_size=6),
+    | st.dictionaries(keys, children, max_size=6),
     max_leaves=30,
 )
 
@@ -83,6 +92,9 @@ DANGEROUS = [
     ("/v1/completions", {"prompt": [10**9, -1], "max_tokens": 1}),
     ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
     ("/v1/systemone", json.loads("[" * 500 + "]" * 500)),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": 1, "seed": 10**5000, "logit_bias": {"9" * 5000: 1}}),
+    ("/v1/responses", {"input": "hi \ud800", "instructions": "\udfff", "max_output_tokens": 1}),
 ]
 
 
@@ -103,12 +115,24 @@ def client(engine):
         engine.scorer = None
 
 
+def _dumps(body) -> str:
+    """JSON text of ``body``, huge integers included (json.dumps refuses ints over 4,300 digits
+    under Python's default limit, which is restored before the request is sent)."""
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return json.dumps(body)
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
 def _post(client, route: str, body) -> None:
+    text = _dumps(body)
     start = time.monotonic()
-    r = client.post(route, content=json.dumps(body), headers={"content-type": "application/json"})
+    r = client.post(route, content=text, headers={"content-type": "application/json"})
     elapsed = time.monotonic() - start
-    assert r.status_code < 500, (route, r.status_code, r.text[:500], body)
-    assert elapsed < SECONDS_PER_REQUEST, (route, elapsed, body)
+    assert r.status_code < 500, (route, r.status_code, r.text[:500], text[:500])
+    assert elapsed < SECONDS_PER_REQUEST, (route, elapsed, text[:500])
     if r.status_code >= 400:  # every refusal is the error envelope naming what went wrong
         assert r.json()["error"]["message"], r.text
 
