@@ -224,17 +224,18 @@ def model(server):
     return httpx.get(server + "/v1/models", timeout=30).json()["data"][0]["id"]
 
 
-def few_shot(name: str = "f") -> list[dict]:
-    """Three earlier turns where the assistant called ``name`` with {"x": i}: SmolLM2 then
-    calls it again (so an ``auto`` turn reaches call validation)."""
+def few_shot(calls: int = 1) -> list[dict]:
+    """Three earlier turns where the assistant called f ``calls`` times with {"x": i}:
+    SmolLM2 then calls it again (so an ``auto`` turn reaches call validation)."""
     messages: list[dict] = []
     for i in range(1, 4):
-        call = {"id": f"c{i}", "type": "function",
-                "function": {"name": name, "arguments": json.dumps({"x": i})}}
+        made = [{"id": f"c{i}_{j}", "type": "function",
+                 "function": {"name": "f", "arguments": json.dumps({"x": i * 10 + j})}}
+                for j in range(calls)]
         messages += [{"role": "user", "content": "Call f."},
-                     {"role": "assistant", "content": None, "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"},
-                     {"role": "assistant", "content": "Done."}]
+                     {"role": "assistant", "content": None, "tool_calls": made}]
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in made]
+        messages += [{"role": "assistant", "content": "Done."}]
     return messages + [{"role": "user", "content": "Call f."}]
 
 
@@ -277,36 +278,60 @@ def test_remote_and_file_refs_are_400s_never_fetched_or_read(server, model, list
     assert listener.hits == []
 
 
-def test_validating_a_call_does_not_hold_the_event_loop(server, model):
-    """A legal strict schema whose references fan out (2^15 checks per call) is validated
-    in a worker thread: /health/live keeps answering while it runs."""
-    depth = 15
+def fan_out(depth: int) -> dict:
+    """Parameters whose references fan out: 2^depth integer checks per call, in ~50 bytes
+    per level."""
     defs: dict = {"a0": {"type": "integer"}}
     for i in range(1, depth + 1):
         defs[f"a{i}"] = {"allOf": [{"$ref": f"#/$defs/a{i - 1}"}] * 2}
-    parameters = {**obj(x={"$ref": f"#/$defs/a{depth}"}), "required": ["x"], "$defs": defs}
+    return {**obj(x={"$ref": f"#/$defs/a{depth}"}), "required": ["x"], "$defs": defs}
+
+
+def test_references_that_fan_out_are_bounded():
+    (fn,) = T.parse_tools(tool(fan_out(12)))  # 4,096 checks a call: legal
+    for depth in (13, 40):
+        err = refused(fan_out(depth))
+        assert err.field == P and "expand to over" in err.message, err
+    hidden = fan_out(40)  # under a property named like a data keyword: still counted
+    hidden["properties"] = {"default": hidden["properties"]["x"]}
+    assert "expand to over" in refused(hidden).message
+
+
+def test_validating_a_call_does_not_hold_the_event_loop(engine, monkeypatch):
+    """Parsing and validating the model's calls runs in a worker thread: made slow (1.5 s,
+    the one stand-in here; the generation and the validation are real), /health/live keeps
+    answering meanwhile. In-process on the session engine: one event loop, two clients."""
+    from fastapi.testclient import TestClient
+
+    from onepass.server import ServerSettings, create_app
+
+    real, entered = T.parse_calls, threading.Event()
+
+    def slow_parse(*args, **kwargs):
+        entered.set()
+        time.sleep(1.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(T, "parse_calls", slow_parse)
     out: dict = {}
+    with TestClient(create_app(engine, ServerSettings())) as http:
+        def ask() -> None:
+            out["r"] = http.post("/v1/chat/completions", json={
+                "model": engine.served_name, "messages": few_shot(),
+                "tools": tool(fan_out(12)), "max_tokens": 40, "temperature": 0})
 
-    def ask() -> None:
-        out["r"] = httpx.post(server + "/v1/chat/completions", timeout=180, json={
-            "model": model, "messages": few_shot(), "tools": tool(parameters),
-            "max_tokens": 40, "temperature": 0})
-
-    worker = threading.Thread(target=ask)
-    worker.start()
-    worst = 0.0
-    with httpx.Client(base_url=server, timeout=60) as http:
-        while worker.is_alive():
-            began = time.monotonic()
-            assert http.get("/health/live").status_code == 200
-            worst = max(worst, time.monotonic() - began)
-            time.sleep(0.05)
-    worker.join()
+        worker = threading.Thread(target=ask)
+        worker.start()
+        assert entered.wait(120), "the model made no call"
+        began = time.monotonic()
+        assert http.get("/health/live").status_code == 200
+        waited = time.monotonic() - began
+        worker.join()
     r = out["r"]
     assert r.status_code == 200, r.text
-    (call,) = r.json()["choices"][0]["message"]["tool_calls"]  # it was validated, not skipped
+    (call,) = r.json()["choices"][0]["message"]["tool_calls"]  # validated, not skipped
     assert isinstance(json.loads(call["function"]["arguments"])["x"], int)
-    assert worst < 1.0, f"/health/live took {worst:.2f} s while a call was validated"
+    assert waited < 1.0, f"/health/live took {waited:.2f} s while a call was validated"
 
 
 def test_pydantic_defs_forced_call_through_the_openai_sdk(server, model):

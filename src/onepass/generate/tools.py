@@ -292,6 +292,75 @@ def check_references(schema: Mapping[str, Any], where: str) -> None:
                                         "expected JSON Schema 2020-12 (or omit $schema)")
             elif isinstance(value, (Mapping, list)):
                 stack.append((value, field))
+    _check_expansion(schema, where)
+
+
+MAX_EXPANDED = 20_000
+"""Subschemas one call's validation may visit with every ``$ref`` expanded where it is used
+(a recursive reference counts once: the instance bounds it). References that fan out (each
+definition using the one before twice) would otherwise cost 2^depth checks per call while
+staying a few hundred bytes; real tool schemas expand to hundreds."""
+_DATA = frozenset({"const", "enum", "default", "examples", "$defs", "definitions"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas"})
+
+
+def _check_expansion(schema: Mapping[str, Any], where: str) -> None:
+    """Refuse a schema that expands past :data:`MAX_EXPANDED` subschemas (pointers are
+    already checked; each target is measured once, so this costs the document's size)."""
+    measured: dict[int, int] = {}
+    open_targets: set[int] = set()
+
+    def size(node: Any) -> int:
+        if isinstance(node, list):
+            return sum(size(item) for item in node)
+        if not isinstance(node, Mapping):
+            return 0
+        total = 1
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            target = _pointer_target(schema, ref)
+            key = id(target)
+            if key in open_targets:
+                total += 1  # recursion: each level is paid for by the instance
+            else:
+                if key not in measured:
+                    open_targets.add(key)
+                    measured[key] = size(target)
+                    open_targets.discard(key)
+                total += measured[key]
+        for keyword, value in node.items():
+            if keyword in _DATA:
+                continue
+            if keyword in _SCHEMA_MAPS and isinstance(value, Mapping):  # any names, even "enum"
+                total += sum(size(sub) for sub in value.values())
+            elif isinstance(value, (Mapping, list)):
+                total += size(value)
+        if total > MAX_EXPANDED:
+            raise ContractError(where, f"its references expand to over {MAX_EXPANDED:,} "
+                                "subschemas (each '$ref' counts wherever it is used, so "
+                                "references that fan out multiply); use fewer or less nested "
+                                "references")
+        return total
+
+    try:
+        size(schema)
+    except RecursionError:
+        raise ContractError(where, "nested too deeply to validate calls against") from None
+
+
+def _pointer_target(schema: Mapping[str, Any], ref: str) -> Any:
+    """What the local pointer ``ref`` names in ``schema`` (KeyError/IndexError: nothing)."""
+    target: Any = schema
+    for token in unquote(ref[1:]).split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, Mapping):
+            target = target[token]
+        elif (isinstance(target, list) and token.isdigit() and token.isascii()
+              and (token == "0" or token[0] != "0")):
+            target = target[int(token)]
+        else:
+            raise KeyError(token)
+    return target
 
 
 def _check_pointer(schema: Mapping[str, Any], ref: str, field: str) -> None:
@@ -305,16 +374,10 @@ def _check_pointer(schema: Mapping[str, Any], ref: str, field: str) -> None:
     if len(ref) > 1 and not ref.startswith("#/"):
         raise ContractError(field, f"'$ref' {shown!r} names an anchor; only JSON pointers "
                             "('#/$defs/...') are supported")
-    target: Any = schema
-    for token in unquote(ref[1:]).split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, Mapping) and token in target:
-            target = target[token]
-        elif (isinstance(target, list) and token.isdigit() and token.isascii()
-              and int(token) < len(target) and (token == "0" or token[0] != "0")):
-            target = target[int(token)]
-        else:
-            raise ContractError(field, f"'$ref' {shown!r} points at nothing in this schema")
+    try:
+        target = _pointer_target(schema, ref)
+    except (KeyError, IndexError):
+        raise ContractError(field, f"'$ref' {shown!r} points at nothing in this schema") from None
     if not isinstance(target, (Mapping, bool)):
         raise ContractError(field, f"'$ref' {shown!r} points at {_describe(target)}, not a "
                             "schema")
