@@ -473,30 +473,32 @@ class TorchBackend:
 
     @torch.inference_mode()
     def prompt_logprobs(
-        self, tokens: Sequence[int], top: int = 0, *, chunk: int = 256
+        self, tokens: Sequence[int], top: int = 0
     ) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
         """Log-probability of each prompt token after the ones before it (from the second
-        token on), with the ``top`` most likely alternatives: the scoring path of
-        /v1/completions (echo + logprobs + max_tokens 0). The output projection runs in
-        chunks of rows, so a long prompt never holds a prompt x vocabulary matrix."""
-        ids = torch.tensor([list(tokens)], device=self.device)
+        token on), with the ``top`` most likely alternatives, from ONE whole forward under the
+        lock: the reference for :meth:`scoring_reader`, which the server runs in step chunks
+        (/v1/completions echo + logprobs)."""
+        scoring = self.scoring_reader(tokens, top)
+        scoring.take(0, 0, self._whole_hidden(tokens))
+        return scoring.result()
+
+    def scoring_reader(self, tokens: Sequence[int], top: int = 0) -> PromptScoring:
+        """Prompt scoring as a reader the step scheduler feeds chunk by chunk."""
+        return PromptScoring(self, tokens, top)
+
+    def embedding_reader(self, inputs: Sequence[Sequence[int]]) -> MeanPooling:
+        """Embeddings of ``inputs`` as a reader the step scheduler feeds chunk by chunk."""
+        return MeanPooling(inputs, self.bos_id)
+
+    def _whole_hidden(self, ids: Sequence[int]) -> torch.Tensor:
+        """Final hidden states of ``ids`` from one forward without a cache (the reference
+        path of the readers)."""
+        if not ids:
+            raise ValueError("a forward needs at least one token")
         with self._lock:
-            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
-        out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
-        for lo in range(0, len(tokens) - 1, chunk):
-            rows = self.lm_head(hidden[lo : min(lo + chunk, len(tokens) - 1)]).float()
-            if self.softcap:
-                rows = torch.tanh(rows / self.softcap) * self.softcap
-            logp = torch.log_softmax(rows, -1)
-            nxt = ids[0, lo + 1 : lo + 1 + len(rows)]
-            chosen = logp.gather(1, nxt[:, None])[:, 0].tolist()
-            if top:
-                values, best = torch.topk(logp, min(top, logp.shape[1]))
-                alts = [tuple(zip(b, v)) for b, v in zip(best.tolist(), values.tolist())]
-            else:
-                alts = [()] * len(chosen)
-            out.extend(zip(chosen, alts))
-        return out
+            return self.decoder(input_ids=torch.tensor([list(ids)], device=self.device),
+                                use_cache=False).last_hidden_state[0]
 
     def new_arena(self, capacity: int) -> KVArena:
         return KVArena(capacity)
@@ -531,7 +533,8 @@ class TorchBackend:
         each query sees its own owner's rows (and its ``parent``'s: a decision suffix sees its
         shared prefix) up to its own position, within the sliding window on local-attention
         layers. Returns, per row that asks, the final hidden state at its last token (project
-        it with :meth:`vocab_logits` or :meth:`candidate_logits`).
+        it with :meth:`vocab_logits` or :meth:`candidate_logits`), or, for an ``every`` row,
+        those of all its tokens.
         """
         ids = [t for r in rows for t in r.tokens]
         if not ids:
@@ -573,8 +576,9 @@ class TorchBackend:
                 **extra,
             )
             hidden = out.last_hidden_state[0]
-            ends = torch.tensor([len(r.tokens) for r in rows]).cumsum(0) - 1
-            return [hidden[int(e)] if r.logits else None for r, e in zip(rows, ends)]
+            ends = torch.tensor([len(r.tokens) for r in rows]).cumsum(0).tolist()
+            return [hidden[e - len(r.tokens):e] if r.every else hidden[e - 1] if r.logits
+                    else None for r, e in zip(rows, ends)]
 
     def _segments(
         self, arena: KVArena, rows: Sequence[StepRow], allowed: torch.Tensor,
@@ -716,19 +720,75 @@ class TorchBackend:
 
     @torch.inference_mode()
     def embed(self, ids: Sequence[int]) -> list[float]:
-        """One sentence vector: the mean of the decoder's final hidden states over the text's
-        tokens (a leading BOS, an attention sink with a huge norm, is left out), in float32.
-        A decoder is not trained for this; it ranks paraphrases, it is no retrieval model."""
-        ids = list(ids)
-        if not ids:
-            raise ValueError("embed needs at least one token")
-        bos = self.bos_id
-        with self._lock:
-            hidden = self.decoder(input_ids=torch.tensor([ids], device=self.device),
-                                  use_cache=False).last_hidden_state[0].float()
-        if bos is not None and ids[0] == bos and len(ids) > 1:
+        """One sentence vector from ONE whole forward (see :class:`MeanPooling`): the reference
+        for :meth:`embedding_reader`, which the server runs in step chunks."""
+        pooling = self.embedding_reader([ids])
+        pooling.take(0, 0, self._whole_hidden(ids))
+        return pooling.result()[0]
+
+
+class MeanPooling:
+    """Sentence vectors of several inputs: the mean of the decoder's final hidden states over
+    each input's tokens (a leading BOS, an attention sink with a huge norm, is left out), in
+    float32. Fed in chunks (:meth:`take`), it keeps one running sum per input, never an
+    input's whole hidden matrix. A decoder is not trained for this; it ranks paraphrases, it
+    is no retrieval model."""
+
+    def __init__(self, inputs: Sequence[Sequence[int]], bos: int | None):
+        self.inputs = [list(x) for x in inputs]
+        if not all(self.inputs):
+            raise ValueError("embed needs at least one token per input")
+        self._bos = bos
+        self._sums: list[Any] = [None] * len(self.inputs)
+        self._counts = [0] * len(self.inputs)
+
+    def take(self, i: int, start: int, hidden: torch.Tensor) -> None:
+        """The final hidden states of input ``i``'s tokens from position ``start`` on."""
+        ids = self.inputs[i]
+        if start == 0 and self._bos is not None and ids[0] == self._bos and len(ids) > 1:
             hidden = hidden[1:]
-        return hidden.mean(dim=0).cpu().tolist()
+        total = hidden.float().sum(dim=0)
+        previous = self._sums[i]
+        self._sums[i] = total if previous is None else previous + total
+        self._counts[i] += len(hidden)
+
+    def result(self) -> list[list[float]]:
+        return [(s / n).cpu().tolist() for s, n in zip(self._sums, self._counts)]
+
+
+class PromptScoring:
+    """Log-probability of each prompt token after the ones before it (from the second token
+    on), with the ``top`` most likely alternatives: the scoring path of /v1/completions (echo +
+    logprobs). Each chunk of hidden states is projected at once, in slices of ``rows``, so a
+    long prompt never holds a prompt x vocabulary matrix."""
+
+    def __init__(self, backend: TorchBackend, tokens: Sequence[int], top: int, rows: int = 256):
+        self.inputs = [list(tokens)]
+        self._backend = backend
+        self._top = top
+        self._rows = rows
+        self._out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+
+    @torch.inference_mode()
+    def take(self, i: int, start: int, hidden: torch.Tensor) -> None:
+        """The final hidden states at positions ``start, ...``: position p scores token p+1."""
+        tokens = self.inputs[0]
+        end = min(start + len(hidden), len(tokens) - 1)  # the last position scores nothing
+        for lo in range(start, end, self._rows):
+            hi = min(lo + self._rows, end)
+            logp = torch.log_softmax(self._backend.vocab_logits(hidden[lo - start:hi - start]),
+                                     -1)
+            nxt = torch.tensor(tokens[lo + 1:hi + 1], device=logp.device)
+            chosen = logp.gather(1, nxt[:, None])[:, 0].tolist()
+            if self._top:
+                values, best = torch.topk(logp, min(self._top, logp.shape[1]))
+                alts = [tuple(zip(b, v)) for b, v in zip(best.tolist(), values.tolist())]
+            else:
+                alts = [()] * len(chosen)
+            self._out.extend(zip(chosen, alts))
+
+    def result(self) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+        return self._out
 
 
 @dataclass(frozen=True)
@@ -743,6 +803,7 @@ class StepRow:
     logits: bool = True
     parent: int | None = None  # another owner whose rows these queries also see
     parent_table: Sequence[int] = ()
+    every: bool = False  # the hidden states of all its tokens (a reading), not the last's
 
 
 def packing_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:

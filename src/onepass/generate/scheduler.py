@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -57,6 +57,21 @@ class Saturated(Exception):
 
 class SchedulerClosed(Exception):
     """The scheduler is shutting down."""
+
+
+class ReadCancelled(Exception):
+    """A reading was cancelled (its client went away); its remaining chunks never ran."""
+
+
+class Reader(Protocol):
+    """What a reading task feeds (embeddings pooling, prompt scoring: backends/torch.py):
+    ``take`` gets each chunk's final hidden states in order, ``result`` the answer."""
+
+    inputs: list[list[int]]
+
+    def take(self, i: int, start: int, hidden: Any) -> None: ...
+
+    def result(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -190,6 +205,30 @@ class _Decision:
     results: dict[int, list[float]] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
+class _Reading:
+    """Inputs read for their final hidden states (embeddings, prompt scoring), in prompt
+    chunks within the step budget like any prompt, after decode tokens, decisions and
+    generation prompts. Each input has its own owner (inputs never see each other) and is
+    begun only while its rows fit the task's share (``reserved``); it is released when read.
+    A set ``cancel`` stops it at the next step boundary."""
+
+    reader: Reader
+    owners: list[int]
+    reserved: int
+    cancel: threading.Event | None
+    future: Future = field(default_factory=Future)
+    tables: list[list[int]] = field(default_factory=list)
+    computed: list[int] = field(default_factory=list)  # tokens read, per input
+    begun: int = 0  # inputs whose rows are held or already released
+    held: int = 0  # rows held by begun, unfinished inputs
+    done: int = 0  # inputs fully read (in order)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+
 def _blocks(tokens: int, block: int) -> int:
     """Rows ``tokens`` positions occupy in the arena (whole blocks)."""
     return -(-tokens // block) * block
@@ -227,12 +266,15 @@ class GenerationScheduler:
         self._active: list[_Sequence] = []
         self._decisions_waiting: deque[_Decision] = deque()
         self._decisions: list[_Decision] = []
+        self._readings_waiting: deque[_Reading] = deque()
+        self._readings: list[_Reading] = []
         self._reserved = 0
         self._cond = threading.Condition()
         self._closed = False
         self._owners = itertools.count()
         self._thread: threading.Thread | None = None
         self.steps = 0
+        self.tokens = 0  # tokens every step so far has processed
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ public
@@ -317,6 +359,31 @@ class GenerationScheduler:
         logits = task.future.result()
         return ScoreResult(logits, task.cached)
 
+    def read(self, reader: Reader, cancel: threading.Event | None = None) -> Any:
+        """Run ``reader`` (embeddings, prompt scoring) inside the shared steps, in prompt
+        chunks interleaved with everything else; blocks until ``reader.result()`` is ready.
+        Setting ``cancel`` stops it at the next step boundary (raises :class:`ReadCancelled`)."""
+        inputs = reader.inputs
+        if not inputs or not all(inputs):
+            raise ValueError("a reading needs at least one token per input")
+        block = self.arena.block
+        sizes = [_blocks(len(x), block) for x in inputs]
+        # enough for the longest input, and for about one step of short ones side by side
+        reserved = min(sum(sizes), max(max(sizes), _blocks(self.step_tokens, block)))
+        if reserved > self.capacity:
+            raise ValueError(f"{reserved} rows do not fit the key/value arena ({self.capacity})")
+        task = _Reading(reader=reader, owners=[next(self._owners) for _ in inputs],
+                        reserved=reserved, cancel=cancel)
+        task.tables = [[] for _ in inputs]
+        task.computed = [0] * len(inputs)
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("the server is shutting down")
+            self._readings_waiting.append(task)
+            self._cond.notify()
+            self._ensure_thread()
+        return task.future.result()
+
     def _ensure_thread(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="onepass-steps", daemon=True)
@@ -346,6 +413,9 @@ class GenerationScheduler:
                     for task in [*self._decisions_waiting, *self._decisions]:
                         self._settle(task, SchedulerClosed("the server is shutting down"))
                     self._decisions_waiting.clear()
+                    for reading in [*self._readings_waiting, *self._readings]:
+                        self._end_reading(reading, SchedulerClosed("the server is shutting down"))
+                    self._readings_waiting.clear()
                     return
             try:  # a fault fails the work in flight, never the thread (callers would wait)
                 with self._cond:
@@ -358,13 +428,16 @@ class GenerationScheduler:
                         self._finish(seq, "error", exc)
                     for task in list(self._decisions):
                         self._settle(task, exc)
+                    for reading in list(self._readings):
+                        self._end_reading(reading, exc)
 
     def _idle_ends(self) -> bool:
-        return bool(self._waiting or self._active or self._decisions_waiting or self._decisions)
+        return bool(self._waiting or self._active or self._decisions_waiting or self._decisions
+                    or self._readings_waiting or self._readings)
 
     def _admit(self) -> None:
         """Move waiting work in (first come, first served) while slots and rows last:
-        decisions first (one short step each), then generation sequences."""
+        decisions first (one short step each), then readings, then generation sequences."""
         while self._decisions_waiting:
             task = self._decisions_waiting[0]
             if self._reserved + task.reserved > self.arena.capacity:
@@ -375,6 +448,17 @@ class GenerationScheduler:
             task.cached = task.computed = self.backend.load_prefix(
                 self.arena, task.table, task.owner, task.prefix, keep_last=False
             )
+        while self._readings_waiting:
+            reading = self._readings_waiting[0]
+            if reading.cancelled:
+                self._readings_waiting.popleft()
+                self._end_reading(reading, ReadCancelled("the reading was cancelled"))
+                continue
+            if self._reserved + reading.reserved > self.arena.capacity:
+                break
+            self._readings_waiting.popleft()
+            self._reserved += reading.reserved
+            self._readings.append(reading)
         while self._waiting and len(self._active) < self.max_sequences:
             seq = self._waiting[0]
             if seq.stream.cancelled:
@@ -395,6 +479,8 @@ class GenerationScheduler:
 
         for seq in [s for s in self._active if s.stream.cancelled]:
             self._finish(seq, "cancelled")
+        for reading in [r for r in self._readings if r.cancelled]:
+            self._end_reading(reading, ReadCancelled("the reading was cancelled"))
         budget = self.step_tokens
         rows, owners = [], []
         for seq in self._active:  # every decoding sequence advances by one token
@@ -412,20 +498,26 @@ class GenerationScheduler:
                 rows.append(StepRow(seq.table, seq.owner, chunk, seq.computed, last))
                 owners.append(seq)
                 budget -= len(chunk)
+        for reading in self._readings:  # then readings, with what the budget has left
+            budget = self._plan_reading(reading, rows, owners, budget)
         if not rows:
             return
         hidden = self.backend.step(self.arena, rows)
         self.steps += 1
+        self.tokens += sum(len(r.tokens) for r in rows)
         if self.on_step:
             self.on_step(len(rows), sum(len(r.tokens) for r in rows))
         wanted = [i for i, h in enumerate(hidden)
-                  if h is not None and not isinstance(owners[i], _Decision)]
+                  if h is not None and isinstance(owners[i], _Sequence)]
         logits = self.backend.vocab_logits(torch.stack([hidden[i] for i in wanted])) if wanted \
             else None
         rows_logits = dict(zip(wanted, logits)) if logits is not None else {}
         for i, (seq, row) in enumerate(zip(owners, rows)):
             if isinstance(seq, _Decision):
                 self._absorb_decision(seq, row, hidden[i])
+                continue
+            if isinstance(seq, _Reading):
+                self._absorb_reading(seq, row, hidden[i])
                 continue
             if not seq.decoding:
                 seq.computed += len(row.tokens)
@@ -489,6 +581,66 @@ class GenerationScheduler:
             task.future.set_exception(error)
         else:
             task.future.set_result([task.results[i] for i in range(len(task.suffixes))])
+
+    def _plan_reading(self, task: _Reading, rows: list, owners: list, budget: int) -> int:
+        """Add the reading's next chunks to this step within ``budget`` (inputs in order, a new
+        one begun only while its rows fit the task's share); returns what is left."""
+        from onepass.backends.torch import StepRow
+
+        inputs, block = task.reader.inputs, self.arena.block
+        i = task.done
+        while budget > 0 and i < len(inputs):
+            ids = inputs[i]
+            if i == task.begun:
+                need = _blocks(len(ids), block)
+                if task.held + need > task.reserved:
+                    break
+                task.held += need
+                task.begun += 1
+            start = task.computed[i]
+            chunk = ids[start : start + budget]
+            rows.append(StepRow(task.tables[i], task.owners[i], chunk, start, False,
+                                every=True))
+            owners.append(task)
+            budget -= len(chunk)
+            if start + len(chunk) < len(ids):
+                break  # this input goes on in the next step
+            i += 1
+        return budget
+
+    def _absorb_reading(self, task: _Reading, row: Any, hidden: Any) -> None:
+        if task.future.done():  # failed earlier in this step
+            return
+        i = task.owners.index(row.owner)
+        ids = task.reader.inputs[i]
+        try:  # a reader's fault fails its own request, never the step
+            task.reader.take(i, row.start, hidden)
+            task.computed[i] += len(row.tokens)
+            if task.computed[i] == len(ids):
+                self.arena.release(task.tables[i])
+                task.held -= _blocks(len(ids), self.arena.block)
+                task.done = i + 1
+                if task.done == len(task.reader.inputs):
+                    self._end_reading(task, result=task.reader.result())
+        except Exception as exc:
+            log.error("reading failed", exc_info=True)
+            self._end_reading(task, exc)
+
+    def _end_reading(self, task: _Reading, error: BaseException | None = None,
+                     result: Any = None) -> None:
+        """Retire a reading: free its rows and hand its result (or error) to the caller."""
+        if task in self._readings:
+            self._readings.remove(task)
+            self._reserved -= task.reserved
+            for table in task.tables:
+                if table:
+                    self.arena.release(table)
+        if task.future.done():
+            return
+        if error is not None:
+            task.future.set_exception(error)
+        else:
+            task.future.set_result(result)
 
     def _advance(self, seq: _Sequence, logits: Any) -> None:
         """Draw the next token, emit its text, and retire the sequence when it is done."""

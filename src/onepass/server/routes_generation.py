@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -25,7 +26,14 @@ from onepass.contract import ContractError
 from onepass.generate import tools as T
 from onepass.generate.grammar import GrammarSpec
 from onepass.generate.runner import _starts_with_bos
-from onepass.generate.scheduler import Delta, Finish, GenerationStream, Saturated, SchedulerClosed
+from onepass.generate.scheduler import (
+    Delta,
+    Finish,
+    GenerationStream,
+    Reader,
+    Saturated,
+    SchedulerClosed,
+)
 from onepass.server import openai as W
 from onepass.server import openai_schema as S
 from onepass.server.body import read_json
@@ -372,6 +380,20 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             raise ApiError.of("shutting_down", "the server is shutting down",
                               headers=retry_headers(1.0)) from None
 
+    async def read_in_steps(request: Request, engine: Any, reader: Reader) -> Any:
+        """Run ``reader`` (embeddings, prompt scoring) in the model's step scheduler, in prompt
+        chunks between everyone else's tokens, through the model's queue; when the client
+        goes away its remaining chunks never run."""
+        stop = threading.Event()
+        scheduler = engine.generator.scheduler
+        try:
+            return await rt.run(request, lambda: scheduler.read(reader, stop), engine)
+        except SchedulerClosed:
+            raise ApiError.of("shutting_down", "the server is shutting down",
+                              headers=retry_headers(1.0)) from None
+        finally:
+            stop.set()  # no-op once read; else the scheduler drops it at the next step
+
     async def error_frames(exc: BaseException, request: Request) -> AsyncIterator[bytes]:
         if isinstance(exc, ApiError):
             error = exc
@@ -486,7 +508,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             echo_text = req.prompt if isinstance(req.prompt, str) else backend.decode(ids)
             if req.logprobs is not None:
                 top = req.logprobs
-                scored = await rt.run(request, lambda: backend.prompt_logprobs(ids, top))
+                scored = await read_in_steps(request, engine, backend.scoring_reader(ids, top))
                 echoed = W.TextLogprobs()
                 echoed.add_prompt(ids, scored, backend.decode)
                 echoed.offset = len(echo_text)
@@ -729,7 +751,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         engine = rt.engine_for(req.model, task="embedding")
         model, backend = engine.served_name, engine.backend
         encoder = is_embedding(engine)
-        if not encoder and not hasattr(backend, "embed"):
+        if not encoder and not hasattr(backend, "embedding_reader"):
             raise ContractError("model", f"model {model!r} has no embedding support")
         width = (backend.dimensions if encoder
                  else getattr(getattr(backend, "config", None), "hidden_size", None))
@@ -752,8 +774,9 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                                         "truncated")
             vectors = await rt.run(request, lambda: backend.embed(encoded), engine)
         else:
-            limit = min(engine.generator.max_input_tokens, backend.context_length)
-            encoded = []
+            total_limit = engine.generator.max_input_tokens
+            limit = min(total_limit, engine.generator.context_length)
+            encoded, total = [], 0
             for i, item in enumerate(req.inputs):
                 ids = (engine.generator.text_prompt(item, f"input[{i}]")
                        if isinstance(item, list)
@@ -761,9 +784,15 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                 if len(ids) > limit:
                     raise ContractError(f"input[{i}]", f"{len(ids)} tokens, over the limit of "
                                         f"{limit}; nothing is truncated")
+                total += len(ids)
+                if total > total_limit:  # one request reads at most one prompt's worth
+                    raise ContractError(
+                        "input", f"input[0..{i}] have {total} tokens together, over the "
+                        f"limit of {total_limit} per request (max_input_tokens); split them "
+                        "over several requests; nothing is truncated",
+                        kind="max_tokens_exceeded")
                 encoded.append(ids)
-            vectors = await rt.run(request, lambda: [backend.embed(ids) for ids in encoded],
-                                   engine)
+            vectors = await read_in_steps(request, engine, backend.embedding_reader(encoded))
         tokens = sum(len(ids) for ids in encoded)
         log_fields(request).update(model=model, input_tokens=tokens)
         return StrictJSONResponse(W.embeddings_response(model, vectors, req, tokens))
