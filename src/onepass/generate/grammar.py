@@ -13,19 +13,33 @@ Nothing is loosened: llguidance refuses what it cannot enforce (``uniqueItems``,
 them; every refusal is a :class:`~onepass.contract.ContractError` naming the field and the
 construct. JSON is generated compact (no whitespace between tokens: a small model given free
 whitespace can spend its whole budget on newlines), with properties in declaration order.
+
+A request's grammar is hostile input to native code: llguidance's compilers recurse, and a
+deep enough grammar overflows the stack and kills the process (measured on an 8 MiB stack: a
+chain of ~920 object ``$ref`` links, ~2,700 chained Lark rules, ~5,000 nested objects). So
+every grammar is bounded first (:data:`LIMITS`: size, schema depth counting each ``$ref``
+hop, rule count; one refusal wording, naming the field), then compiled on a thread of its own
+with a large stack (:data:`COMPILE_STACK_BYTES`, where everything under the bounds fits a
+hundred times over), and probed: its first tokens are walked on a copy, so a grammar the
+parser cannot follow (llguidance's 2,000-item row limit) is a refusal at compile time, not a
+fault in the step loop.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import queue
 import re
 import threading
 import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import torch
 
@@ -40,7 +54,200 @@ _SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 
 
 class GrammarError(RuntimeError):
-    """The matcher cannot go on (no allowed token, or a token it refused): a sequence fault."""
+    """The matcher cannot go on (no allowed token, a token it refused, or a parser limit met
+    mid-sequence): a fault of that one sequence's grammar, reported against ``field``."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """What a request's grammar may be before it reaches llguidance (checked in Python,
+    without recursion past the bounds). Measured native crash points on an 8 MiB stack: ~920
+    chained ``$ref`` links (4 depth units each here, so ~3,700 units), ~2,700 chained Lark
+    rules; the compile thread's stack is 32 times that, so the bounds sit over 100 times
+    under the crash points where grammars are compiled and over 3 times under them even on
+    a plain 8 MiB stack. ``max_chars`` bounds the work any shape can cost."""
+
+    max_chars: int = 262_144  # the schema's compact JSON text, or the grammar's text
+    max_depth: int = 128  # nested schema objects/arrays along a path, plus one per $ref hop
+    max_rules: int = 1_000  # rule and terminal definitions of a Lark/GBNF grammar
+    probe_tokens: int = 8  # tokens walked at compile time (first allowed token each step)
+
+
+LIMITS = GrammarLimits()
+COMPILE_STACK_BYTES = 256 * 2**20  # virtual: only the pages a compile touches are committed
+
+
+def _too_big(field: str, what: str) -> ContractError:
+    """The one wording of every bound's refusal."""
+    return ContractError(field, f"the grammar is too large or too deep to compile safely: "
+                         f"{what}; simplify it (limits: {LIMITS.max_chars:,} characters, "
+                         f"depth {LIMITS.max_depth} counting each $ref, "
+                         f"{LIMITS.max_rules:,} grammar rules)")
+
+
+def check_schema_bounds(schema: Any, field: str, limits: GrammarLimits = LIMITS) -> None:
+    """Refuse a JSON Schema longer than ``limits.max_chars`` (compact JSON) or deeper than
+    ``limits.max_depth``: each nested object or array is one level, and each ``$ref`` (a
+    local ``#...``, an ``$id`` in the document, or an ``$anchor``) one more plus its target's
+    depth (each target measured once; a cycle counts once, as the compiler makes it one
+    rule). Never recurses past the bound."""
+    resources: dict[str, Any] = {}
+    _index_resources(schema, resources)
+    heights: dict[int, int] = {}  # id(target) -> its measured height
+    open_targets: set[int] = set()
+
+    def height(node: Any, depth: int, base: Any) -> int:
+        if depth > limits.max_depth:
+            raise _too_big(field, f"nested deeper than {limits.max_depth} levels")
+        if isinstance(node, list):
+            return 1 + max((height(x, depth + 1, base) for x in node), default=0)
+        if not isinstance(node, Mapping):
+            return 0
+        if isinstance(node.get("$id"), str):
+            base = node
+        best = 0
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            target, target_base = _resolve(ref, base, resources)
+            if target is not None and id(target) not in open_targets:
+                key = id(target)
+                if key not in heights:
+                    open_targets.add(key)
+                    heights[key] = height(target, depth + 1, target_base)
+                    open_targets.discard(key)
+                best = 1 + heights[key]
+                if depth + best > limits.max_depth:
+                    raise _too_big(field, f"nested deeper than {limits.max_depth} levels")
+        for value in node.values():
+            if isinstance(value, (Mapping, list)):
+                best = max(best, 1 + height(value, depth + 1, base))
+        return best
+
+    height(schema, 0, schema)
+    try:
+        size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+    except (TypeError, ValueError):
+        return  # not JSON: refused where it is read (the compiler, the validator)
+    if size > limits.max_chars:
+        raise _too_big(field, f"{size:,} characters")
+
+
+def _index_resources(schema: Any, out: dict[str, Any]) -> None:
+    """``$id`` and ``$anchor`` targets by name (iterative: the depth is not yet known)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, Mapping):
+            for key in ("$id", "$anchor", "$dynamicAnchor"):
+                name = node.get(key)
+                if isinstance(name, str):
+                    out.setdefault(name if key == "$id" else "#" + name, node)
+            stack.extend(v for v in node.values() if isinstance(v, (Mapping, list)))
+
+
+def _resolve(ref: str, base: Any, resources: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(the node ``ref`` points at inside this document, its resource), or None for the
+    node (left to the compiler, which refuses what it cannot find)."""
+    head, _, fragment = ref.partition("#")
+    if head:
+        base = resources.get(head)
+        if base is None:
+            return None, None
+    if not fragment:
+        return base, base
+    if not fragment.startswith("/"):
+        return resources.get("#" + fragment), base
+    node = base
+    for part in fragment[1:].split("/"):
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None, None
+    return node, base
+
+
+_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_]*(?:\.-?\d+)?[ \t]*(?::|::=)", re.M)
+_JSON_BLOCK = re.compile(r"%json\s*(?=[{\[])")
+
+
+def check_grammar_bounds(text: str, field: str, limits: GrammarLimits = LIMITS) -> None:
+    """Refuse a Lark/GBNF grammar longer than ``limits.max_chars`` or with more than
+    ``limits.max_rules`` rule definitions, and bound each embedded ``%json`` schema as a
+    JSON Schema (the forced-tool grammars are made of those)."""
+    if len(text) > limits.max_chars:
+        raise _too_big(field, f"{len(text):,} characters")
+    rules = len(_RULE.findall(text))
+    if rules > limits.max_rules:
+        raise _too_big(field, f"{rules:,} rules")
+    decoder = json.JSONDecoder()
+    for found in _JSON_BLOCK.finditer(text):
+        try:
+            schema, _ = decoder.raw_decode(text, found.end())
+        except RecursionError:
+            raise _too_big(field, "an embedded %json schema nested too deeply") from None
+        except ValueError:
+            continue  # not JSON: the compiler's own refusal says where
+        check_schema_bounds(schema, field, limits)
+
+
+class _Compiler:
+    """Threads with a stack of :data:`COMPILE_STACK_BYTES` that run every llguidance compile
+    (the default thread stack, 8 MiB, is where a hostile grammar would overflow)."""
+
+    def __init__(self, threads: int = 2):
+        self._count = threads
+        self._queue: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def run(self, fn: Any) -> Any:
+        if threading.current_thread() in self._threads:
+            return fn()
+        self._start()
+        future: Future = Future()
+        self._queue.put((fn, future))
+        return future.result()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._threads and self._pid == os.getpid():
+                return
+            self._pid, self._threads = os.getpid(), []  # a forked child starts its own
+            previous = threading.stack_size(COMPILE_STACK_BYTES)
+            try:
+                for i in range(self._count):
+                    thread = threading.Thread(target=self._work, name=f"onepass-grammar-{i}",
+                                              daemon=True)
+                    thread.start()
+                    self._threads.append(thread)
+            finally:
+                threading.stack_size(previous)
+
+    def _work(self) -> None:
+        while True:
+            fn, future = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, never lost
+                future.set_exception(exc)
+
+
+_COMPILER = _Compiler()
 
 
 # --------------------------------------------------------------------------- the vocabulary
@@ -102,39 +309,56 @@ def tokenizer_info(backend: Any) -> TokenizerInfo:
 class Grammar:
     """One compiled grammar for one vocabulary; shared by every sequence that uses it."""
 
-    def __init__(self, info: TokenizerInfo, kind: str, source: str, template: Any):
+    def __init__(self, info: TokenizerInfo, kind: str, source: str, template: Any,
+                 field: str = "response_format", lock: threading.Lock | None = None):
         self.info = info
         self.kind = kind  # json_schema | json_object | grammar
         self.source = source
+        self.field = field  # where the request gave it: named by a fault mid-sequence
         self._template = template  # a matcher at the start state, only ever copied
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
+
+    def for_field(self, field: str) -> Grammar:
+        """This compiled grammar, as given by the request at ``field`` (shares the engine)."""
+        if field == self.field:
+            return self
+        return Grammar(self.info, self.kind, self.source, self._template, field, self._lock)
 
     def matcher(self) -> Matcher:
         """A fresh matcher at the start of the grammar, for one sequence."""
         with self._lock:
-            return Matcher(self._template.deep_copy(), self.info)
+            return Matcher(self._template.deep_copy(), self.info, self.field)
 
 
 class Matcher:
     """One sequence's position in its grammar: the mask for the next token, then the token."""
 
-    def __init__(self, engine: Any, info: TokenizerInfo):
+    def __init__(self, engine: Any, info: TokenizerInfo, field: str | None = None):
         self._engine = engine
         self.info = info
+        self.field = field
         words = (info.vocab_size + 31) // 32
         self._words = torch.zeros(words, dtype=torch.int32)
+
+    def _mask_words(self) -> torch.Tensor:
+        """The allowed next tokens as packed 32-bit words, in place; a matcher in error, or
+        one allowing nothing, is a :class:`GrammarError`."""
+        self._engine.unsafe_compute_mask_ptr(self._words.data_ptr(), self._words.numel() * 4)
+        if self._engine.is_error():
+            raise self._error(f"grammar matcher failed: {self._engine.get_error()}")
+        if not bool(self._words.any()):
+            raise self._error("the grammar allows no next token")
+        return self._words
+
+    def _error(self, message: str) -> GrammarError:
+        return GrammarError(_short(message), self.field)
 
     def allowed_mask(self, vocab_size: int | None = None,
                      device: torch.device | str = "cpu") -> torch.Tensor:
         """Boolean row of ``vocab_size`` (default: the vocabulary): True where the grammar
         allows the next token. EOS is allowed only where the grammar may end."""
         n = self.info.vocab_size if vocab_size is None else vocab_size
-        self._engine.unsafe_compute_mask_ptr(self._words.data_ptr(), self._words.numel() * 4)
-        if self._engine.is_error():
-            raise GrammarError(f"grammar matcher failed: {self._engine.get_error()}")
-        if not bool(self._words.any()):
-            raise GrammarError("the grammar allows no next token")
-        words = self._words.to(device, non_blocking=True)
+        words = self._mask_words().to(device, non_blocking=True)
         bits = (words.unsqueeze(1) >> _shifts(words.device)) & 1
         mask = bits.flatten()[: min(n, self.info.vocab_size)].bool()
         if n > mask.numel():  # rows past the vocabulary are never allowed
@@ -152,7 +376,7 @@ class Matcher:
     def accept(self, token: int) -> None:
         """Advance past a drawn token; a token the grammar refuses is a :class:`GrammarError`."""
         if not self._engine.consume_token(int(token)):
-            raise GrammarError(
+            raise self._error(
                 f"the grammar refused token {token}: {self._engine.get_error() or 'not allowed'}"
             )
 
@@ -198,6 +422,7 @@ def compile_grammar(
         if not isinstance(grammar, str) or not grammar.strip():
             raise ContractError(field, f"expected a non-empty Lark or GBNF grammar, got "
                                 f"{_describe(grammar)}")
+        check_grammar_bounds(grammar, field)
         kind, source = "grammar", grammar
     elif json_object:
         kind, source = "json_object", '{"type":"object"}'
@@ -205,14 +430,15 @@ def compile_grammar(
         if not isinstance(json_schema, Mapping):
             raise ContractError(field, f"expected a JSON Schema object, got "
                                 f"{_describe(json_schema)}")
+        check_schema_bounds(json_schema, field)
         kind, source = "json_schema", _canonical(json_schema, field)
     key = (info, kind, source)
     with _CACHE_LOCK:
         found = _CACHE.get(key)
         if found is not None:
             _CACHE.move_to_end(key)
-            return found
-    compiled = _compile(info, kind, source, field)
+            return found.for_field(field)
+    compiled = _COMPILER.run(lambda: _compile(info, kind, source, field))
     with _CACHE_LOCK:
         _CACHE[key] = compiled
         _CACHE.move_to_end(key)
@@ -241,19 +467,57 @@ def _compile(info: TokenizerInfo, kind: str, source: str, field: str) -> Grammar
             )
     except ValueError as exc:
         raise ContractError(field, _refusal(kind, str(exc))) from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, info.engine)
+    limits = _parser_limits()
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        text, info.engine, limits=limits)
     if is_error or messages:  # a warning is a construct the engine would treat loosely
         raise ContractError(field, _refusal(kind, "; ".join(messages) or "invalid"))
-    template = llguidance.LLMatcher(info.engine, text, log_level=0)
+    template = llguidance.LLMatcher(info.engine, text, log_level=0, limits=limits)
     if template.is_error():
         raise ContractError(field, _refusal(kind, template.get_error()))
-    return Grammar(info, kind, source, template)
+    grammar = Grammar(info, kind, source, template, field)
+    _probe(grammar, kind)
+    return grammar
+
+
+def _parser_limits() -> Any:
+    """llguidance's own limits at their defaults, with terse errors (a verbose one repeats
+    the whole grammar and parser state: megabytes, and the request's text, in a log line)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
+def _probe(grammar: Grammar, kind: str) -> None:
+    """Walk the first :attr:`GrammarLimits.probe_tokens` tokens on a copy (the first allowed
+    token each step): a grammar the parser cannot follow past its start (a rule of over
+    2,000 alternatives meets llguidance's row limit at the first token) is refused here, by
+    field, instead of failing its sequence mid-step."""
+    matcher = grammar.matcher()
+    eos = [t for t in grammar.info.eos_ids if t < grammar.info.vocab_size]
+    try:
+        for _ in range(LIMITS.probe_tokens):
+            if matcher.done:
+                return
+            mask = matcher.allowed_mask()
+            mask[eos] = False
+            allowed = torch.nonzero(mask)
+            if not allowed.numel():
+                return
+            matcher.accept(int(allowed[0]))
+    except GrammarError as exc:
+        if matcher._engine.is_error():  # a parser fault (a limit), not just a dead end
+            raise ContractError(grammar.field, _refusal(kind, str(exc))) from None
+
+
+def _short(message: str) -> str:
+    """An engine message on one line, at most 400 characters."""
+    message = " ".join(message.split())
+    return message[:400] + "..." if len(message) > 400 else message
 
 
 def _refusal(kind: str, message: str) -> str:
-    message = " ".join(message.split())
-    if len(message) > 400:
-        message = message[:400] + "..."
+    message = _short(message)
     if kind == "grammar":
         return f"the grammar (Lark or GBNF) is invalid or cannot be enforced ({ENGINE}): {message}"
     return f"the JSON Schema cannot be enforced while generating ({ENGINE}): {message}"

@@ -48,6 +48,7 @@ import referencing
 import referencing.exceptions
 
 from onepass.contract import ContractError, _describe
+from onepass.generate.grammar import check_schema_bounds
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -198,6 +199,7 @@ def parse_tools(raw: Any, *, dialect: str = "chat") -> tuple[Function, ...]:
         strict = body.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise ContractError(f"{at}.strict", f"expected a boolean, got {_describe(strict)}")
+        check_schema_bounds(parameters, f"{at}.parameters")  # before any walk: depth, size
         _check_schema(parameters, f"{at}.parameters")
         check_references(parameters, f"{at}.parameters")
         out.append(Function(name, description, parameters, bool(strict)))
