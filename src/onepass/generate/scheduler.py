@@ -524,7 +524,12 @@ class GenerationScheduler:
                 if seq.decoding:
                     self.backend.store_prefix(self.arena, seq.table, seq.prompt)
             if i in rows_logits:
-                self._advance(seq, rows_logits[i])
+                try:  # a sequence's own fault (its grammar, its sampling) ends it alone
+                    self._advance(seq, rows_logits[i])
+                except Exception as exc:
+                    log.error("sequence failed", exc_info=True)
+                    if seq in self._active:
+                        self._finish(seq, "error", exc)
 
     def _plan_decision(self, task: _Decision, rows: list, owners: list, budget: int,
                        first: bool) -> int:
@@ -662,7 +667,11 @@ class GenerationScheduler:
         seq.generated.append(draw.token)
         history.add(draw.token)
         if matcher is not None:
-            matcher.accept(draw.token)  # the mask allowed it, so the grammar takes it
+            try:  # the mask allowed it; the parser may still meet a limit (its row size)
+                matcher.accept(draw.token)
+            except GrammarError as exc:  # this sequence's grammar fault: it ends alone
+                self._finish(seq, "error", exc)
+                return
         info: tuple[TokenInfo, ...] = ()
         if seq.params.logprobs is not None:
             decode = self.backend.decode

@@ -24,7 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from onepass.contract import ContractError
 from onepass.generate import tools as T
-from onepass.generate.grammar import GrammarSpec
+from onepass.generate.grammar import GrammarError, GrammarSpec
 from onepass.generate.runner import _starts_with_bos
 from onepass.generate.scheduler import (
     Delta,
@@ -200,6 +200,11 @@ def _failure(finish: Finish) -> ApiError | None:
         log.error("generation failed", exc_info=finish.error)
         return ApiError.of("internal_error", "generation failed; it has been logged with "
                            "this request id")
+    if finish.reason == "error" and isinstance(finish.error, GrammarError):
+        # the request's own grammar met a parser limit mid-sequence: its fault, a 400
+        field = finish.error.field or "response_format"
+        return ApiError.of("invalid_request_error", f"{field}: the grammar cannot be followed "
+                           f"while generating ({finish.error})", field=field)
     return None
 
 
