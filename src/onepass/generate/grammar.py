@@ -69,10 +69,10 @@ class GrammarError(RuntimeError):
 class GrammarLimits:
     """What a request's grammar may be before it reaches llguidance (checked in Python,
     without recursion past the bounds). Measured native crash points on an 8 MiB stack: ~920
-    chained ``$ref`` links (4 depth units each here, so ~3,700 units), ~2,700 chained Lark
-    rules; the compile thread's stack is 32 times that, so the bounds sit over 100 times
-    under the crash points where grammars are compiled and over 3 times under them even on
-    a plain 8 MiB stack. ``max_chars`` bounds the work any shape can cost."""
+    chained object ``$ref`` links (3 depth units each here: the bound admits ~42) and ~2,700
+    chained Lark rules (the bound admits 1,000), so even a plain 8 MiB stack holds 2.7 times
+    what the bounds admit; the compile thread's stack is 32 times that, and compiled 3,400
+    links and 18,000 rules (both past ``max_chars``, which bounds what any shape can cost)."""
 
     max_chars: int = 262_144  # the schema's compact JSON text, or the grammar's text
     max_depth: int = 128  # nested schema objects/arrays along a path, plus one per $ref hop
