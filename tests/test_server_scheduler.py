@@ -139,3 +139,39 @@ def test_service_time_estimate_follows_the_jobs():
         s.submit(lambda: time.sleep(0.01)).future.result(5)
     assert s.service_seconds < 0.2
     s.close()
+
+
+def test_model_work_a_running_job_waits_for_is_bounded_by_its_deadline():
+    """A worker's job waiting for model work (the model's step line) gets its deadline and
+    its client's departure too: withdrawn work raises instead of holding the worker."""
+    from concurrent.futures import Future
+
+    from onepass.server.scheduler import wait_for_model
+
+    s = Scheduler(max_queue=10, deadline=0.3)
+    withdrawn = []
+
+    def never() -> bool:  # model work nobody takes: withdrawing it succeeds
+        withdrawn.append(time.monotonic())
+        return True
+
+    job = s.submit(lambda: wait_for_model(Future(), never))
+    with pytest.raises(Overloaded) as info:
+        job.future.result(5)
+    assert info.value.reason == "deadline" and "deadline 0.3 s" in info.value.message
+    assert withdrawn and withdrawn[0] - job.enqueued < 0.6
+
+    s = Scheduler(max_queue=10, deadline=30)
+    job = s.submit(lambda: wait_for_model(Future(), never))
+    time.sleep(0.1)
+    assert s.cancel(job) is False  # running: the client leaves while it waits for the model
+    with pytest.raises(Cancelled):
+        job.future.result(5)
+
+    taken: Future = Future()  # the model took the work: it is awaited past the deadline
+    s = Scheduler(max_queue=10, deadline=0.1)
+    job = s.submit(lambda: wait_for_model(taken, lambda: False))
+    threading.Timer(0.4, lambda: taken.set_result("logits")).start()
+    assert job.future.result(5) == "logits"
+    assert wait_for_model(taken, never) == "logits"  # outside a job: a plain wait
+    s.close()

@@ -60,6 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(g, "--max-questions", type=int, default=S.DEFAULT_MAX_QUESTIONS,
                  help="most questions in one request; they share one forward pass "
                  f"(default {S.DEFAULT_MAX_QUESTIONS}); 413 above it")
+    env_argument(g, "--max-generate-prompts", type=positive_int,
+                 default=S.DEFAULT_MAX_GENERATE_PROMPTS,
+                 help="POST /generate: most prompts in one batch (default "
+                 f"{S.DEFAULT_MAX_GENERATE_PROMPTS}); 413 above it")
+    env_argument(g, "--max-generate-tokens", type=positive_int,
+                 default=S.DEFAULT_MAX_GENERATE_TOKENS,
+                 help="POST /generate: most tokens one batch computes, its common prefix once "
+                 f"and every rest (default {S.DEFAULT_MAX_GENERATE_TOKENS}); 413 above it")
+    env_argument(g, "--max-generate-logits", type=positive_int,
+                 default=S.DEFAULT_MAX_GENERATE_LOGITS,
+                 help="POST /generate: most logits one batch answers with, prompts x candidate "
+                 f"ids (default {S.DEFAULT_MAX_GENERATE_LOGITS}); 413 above it")
     env_argument(g, "--max-queue", type=int, default=S.DEFAULT_MAX_QUEUE,
                  help="requests waiting for the engine before new ones get 429 with "
                  f"retry-after (default {S.DEFAULT_MAX_QUEUE})")
@@ -113,6 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(m, "--max-concurrency", type=positive_int, default=8,
                  help="per model: decision requests prepared at once and generations running "
                  "at once (default 8); each model has its own queue")
+    env_argument(m, "--max-request-sequences", type=positive_int, default=None,
+                 help="per model: the most sequences of one generation request (its n) running "
+                 "at once; the rest follow as they end (default: half of --max-concurrency)")
     env_argument(m, "--default-max-output-tokens", type=positive_int, default=1024,
                  help="per model: the output limit of a generation that names none (default "
                  "1024, capped by the context left)")
@@ -159,6 +174,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             api_key=args.api_key or None,
             max_body_bytes=args.max_body_bytes,
             max_questions=args.max_questions,
+            max_generate_prompts=args.max_generate_prompts,
+            max_generate_tokens=args.max_generate_tokens,
+            max_generate_logits=args.max_generate_logits,
             max_queue=args.max_queue,
             request_deadline=args.request_deadline,
             workers=args.workers,
@@ -214,7 +232,8 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
     apply_quality(engine, args)
     engine.max_concurrency = spec.max_concurrency
     engine.generation_options = {"max_sequences": spec.max_concurrency,
-                                 "default_max_output_tokens": spec.default_max_output_tokens}
+                                 "default_max_output_tokens": spec.default_max_output_tokens,
+                                 "max_request_sequences": args.max_request_sequences}
     return engine
 
 

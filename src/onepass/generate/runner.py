@@ -53,6 +53,7 @@ class TextGenerator:
         step_tokens: int = DEFAULT_STEP_TOKENS,
         max_waiting: int = 64,
         on_step: Any = None,
+        max_request_sequences: int | None = None,
     ):
         if default_max_output_tokens < 1:
             raise ValueError("default_max_output_tokens must be at least 1")
@@ -61,12 +62,12 @@ class TextGenerator:
         self.default_max_output_tokens = default_max_output_tokens
         self.scheduler = GenerationScheduler(
             backend, max_sequences=max_sequences, step_tokens=step_tokens,
-            max_waiting=max_waiting, on_step=on_step,
+            max_waiting=max_waiting, on_step=on_step, max_request_sequences=max_request_sequences,
         )
 
     @property
     def context_length(self) -> int:
-        return min(self.backend.context_length, self.scheduler.capacity)
+        return min(self.backend.context_length, self.scheduler.generation_rows)
 
     # ------------------------------------------------------------------ prompts
 
@@ -136,10 +137,13 @@ class TextGenerator:
 
     def start(
         self, prompt: Sequence[int], params: SamplingParams, max_tokens: int, n: int = 1,
-        grammar: Any = None,
+        grammar: Any = None, deadline: float | None = None,
     ) -> list[GenerationStream]:
         """Submit ``n`` sequences of the same prompt (seed + i for the i-th), each with its own
         matcher of ``grammar`` (a compiled :class:`~onepass.generate.grammar.Grammar`) if any.
+        They are one request: it runs at most the scheduler's per-request share of them at
+        once (the others follow as those end); if none has started by ``deadline``
+        (monotonic seconds) they all end with reason "deadline".
 
         Stop strings and a grammar are refused together: a stop string inside the structure
         would end it early with reason "stop", and a "stop" under a grammar means complete."""
@@ -148,10 +152,11 @@ class TextGenerator:
             raise ContractError("stop", "stop strings cannot be combined with a grammar or a "
                                 "structured response_format: the grammar decides where it ends")
         streams: list[GenerationStream] = []
+        share = self.scheduler.share(deadline)
         try:
             for i in range(n):
                 streams.append(self.scheduler.submit(prompt, params, max_tokens, seed_offset=i,
-                                                     grammar=grammar))
+                                                     grammar=grammar, request=share))
         except Exception:
             for stream in streams:
                 stream.cancel()

@@ -92,7 +92,9 @@ class Delta:
 
 @dataclass(frozen=True)
 class Finish:
-    """``reason``: stop (EOS or a stop string), length, cancelled or error."""
+    """``reason``: stop (EOS or a stop string), length, cancelled, error, or deadline (its
+    request did not get a slot before its queue deadline; ``error`` is a :class:`Saturated`
+    saying so)."""
 
     reason: str
     prompt_tokens: int
@@ -176,10 +178,27 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
     completion_tokens: int = 0
     matcher: Any = None  # a grammar Matcher (generate/grammar.py): masks every draw
+    request: RequestShare | None = None
 
     @property
     def decoding(self) -> bool:
         return self.computed == len(self.prompt)
+
+
+@dataclass(eq=False)
+class RequestShare:
+    """The sequences of one request (its ``n``) share one bounded part of the scheduler: at
+    most ``max_request_sequences`` of them run at once and together they reserve at most
+    ``max_request_rows`` (the rest wait in line behind them, and the line moves past them),
+    so one request never takes every slot or the whole arena. ``deadline`` (monotonic
+    seconds) is the queue deadline: a request none of whose sequences started by then leaves
+    the line with reason "deadline"."""
+
+    deadline: float | None = None
+    enqueued: float = field(default_factory=time.monotonic)
+    active: int = 0
+    rows: int = 0
+    started: bool = False
 
 
 @dataclass(eq=False)
@@ -247,11 +266,18 @@ class GenerationScheduler:
         arena_rows: int | None = None,
         max_waiting: int = 64,
         on_step: Callable[[int, int], None] | None = None,
+        max_request_sequences: int | None = None,
+        decision_rows: int | None = None,
     ):
         if max_sequences < 1 or step_tokens < 1 or max_waiting < 1:
             raise ValueError("max_sequences, step_tokens and max_waiting must be positive")
+        if max_request_sequences is not None and max_request_sequences < 1:
+            raise ValueError("max_request_sequences must be positive")
         self.backend = backend
         self.max_sequences = max_sequences
+        # one request's sequences running at once (default: half the slots)
+        self.max_request_sequences = min(max_sequences,
+                                         max_request_sequences or max(1, max_sequences // 2))
         self.step_tokens = step_tokens
         self.max_waiting = max_waiting
         context = backend.context_length
@@ -260,6 +286,15 @@ class GenerationScheduler:
         self.arena = backend.new_arena(
             arena_rows or min(max_sequences * context, max(context, DEFAULT_ARENA_ROWS))
         )
+        # rows generation never reserves, so decisions always have room (default: an eighth
+        # of the arena, as long as one full-context sequence still fits beside it); of the
+        # rest, one request's sequences reserve at most half (one sequence always may)
+        block, rows = self.arena.block, self.arena.capacity
+        reserve = decision_rows if decision_rows is not None else min(rows // 8, rows - context)
+        self.decision_rows = min(max(0, reserve - reserve % block), rows - block)
+        self.generation_rows = rows - self.decision_rows
+        self.max_request_rows = self.generation_rows // 2
+        self._generation_reserved = 0
         self.eos = backend.eos_ids
         self.on_step = on_step
         self._waiting: deque[_Sequence] = deque()
@@ -292,9 +327,20 @@ class GenerationScheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def decisions_waiting(self) -> int:
+        """Decisions queued for rows (not yet in a step)."""
+        return len(self._decisions_waiting)
+
+    def share(self, deadline: float | None = None) -> RequestShare:
+        """A new request's share (pass it to every :meth:`submit` of that request)."""
+        return RequestShare(deadline)
+
     def submit(self, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
-               *, seed_offset: int = 0, grammar: Any = None) -> GenerationStream:
+               *, seed_offset: int = 0, grammar: Any = None,
+               request: RequestShare | None = None) -> GenerationStream:
         """Queue one sequence; raises :class:`Saturated` instead of queueing without bound.
+        ``request`` (from :meth:`share`) groups the sequences of one request; None: its own.
 
         ``grammar`` (a compiled :class:`~onepass.generate.grammar.Grammar`) constrains every
         token; the sequence gets its own matcher and ends with "stop" when the grammar is
@@ -302,8 +348,9 @@ class GenerationScheduler:
         if not prompt:
             raise ValueError("a generation needs at least one prompt token")
         need = len(prompt) + max_tokens
-        if need > self.capacity:
-            raise ValueError(f"{need} tokens do not fit the key/value arena ({self.capacity})")
+        if need > self.generation_rows:
+            raise ValueError(f"{need} tokens do not fit the key/value arena's generation part "
+                             f"({self.generation_rows})")
         stream = GenerationStream()
         decode = self.backend.decode
         seed = None if params.seed is None else params.seed + seed_offset
@@ -314,10 +361,13 @@ class GenerationScheduler:
             stop=StopMatcher(params.stop), generator=make_generator(seed),
             history=TokenHistory(prompt),
             matcher=None if grammar is None else grammar.matcher(),
+            request=request or RequestShare(),
         )
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the server is shutting down")
+            if len(self._waiting) >= self.max_waiting:
+                self._drop_waiting()  # clients that left make room at once
             if len(self._waiting) >= self.max_waiting:
                 raise Saturated(
                     f"{len(self._waiting)} generations are waiting for a slot "
@@ -356,8 +406,20 @@ class GenerationScheduler:
             self._decisions_waiting.append(task)
             self._cond.notify()
             self._ensure_thread()
-        logits = task.future.result()
+        from onepass.server.scheduler import wait_for_model  # stdlib only: no server stack
+
+        # within the request's deadline (a server job), withdrawn if the model has not taken it
+        logits = wait_for_model(task.future, lambda: self._withdraw(task))
         return ScoreResult(logits, task.cached)
+
+    def _withdraw(self, task: _Decision) -> bool:
+        """Take a decision out of the line; False when a step already took it."""
+        with self._cond:
+            if task not in self._decisions_waiting:
+                return False
+            self._decisions_waiting.remove(task)
+        task.future.cancel()
+        return True
 
     def read(self, reader: Reader, cancel: threading.Event | None = None) -> Any:
         """Run ``reader`` (embeddings, prompt scoring) inside the shared steps, in prompt
@@ -448,6 +510,9 @@ class GenerationScheduler:
             task.cached = task.computed = self.backend.load_prefix(
                 self.arena, task.table, task.owner, task.prefix, keep_last=False
             )
+        self._drop_waiting()
+        if self._decisions_waiting:  # a decision waits for rows: generation takes none first
+            return
         while self._readings_waiting:
             reading = self._readings_waiting[0]
             if reading.cancelled:
@@ -459,20 +524,48 @@ class GenerationScheduler:
             self._readings_waiting.popleft()
             self._reserved += reading.reserved
             self._readings.append(reading)
-        while self._waiting and len(self._active) < self.max_sequences:
-            seq = self._waiting[0]
-            if seq.stream.cancelled:
-                self._waiting.popleft()
-                seq.stream.push(Finish("cancelled", len(seq.prompt), 0, 0))
+        i = 0
+        while i < len(self._waiting) and len(self._active) < self.max_sequences:
+            seq = self._waiting[i]
+            share = seq.request
+            assert share is not None
+            if share.active and (share.active >= self.max_request_sequences
+                                 or share.rows + seq.reserved > self.max_request_rows):
+                i += 1  # its request holds its share: the line moves past it
                 continue
-            if self._reserved + seq.reserved > self.arena.capacity:
+            if (self._generation_reserved + seq.reserved > self.generation_rows
+                    or self._reserved + seq.reserved > self.arena.capacity):
                 return
-            self._waiting.popleft()
+            del self._waiting[i]
             self._reserved += seq.reserved
+            self._generation_reserved += seq.reserved
+            share.active += 1
+            share.rows += seq.reserved
+            share.started = True
             self._active.append(seq)
             seq.cached = seq.computed = self.backend.load_prefix(
                 self.arena, seq.table, seq.owner, seq.prompt
             )
+
+    def _drop_waiting(self) -> None:
+        """Waiting sequences whose client left, or whose request did not start before its
+        queue deadline, leave the line now (not when they reach its head), so they never
+        hold places in it."""
+        now = time.monotonic()
+        kept: deque[_Sequence] = deque()
+        for seq in self._waiting:
+            share = seq.request
+            if seq.stream.cancelled:
+                seq.stream.push(Finish("cancelled", len(seq.prompt), 0, 0))
+            elif (share is not None and not share.started and share.deadline is not None
+                  and now > share.deadline):
+                seq.stream.push(Finish("deadline", len(seq.prompt), 0, 0, Saturated(
+                    f"the generation waited {now - share.enqueued:.1f} s without a free slot "
+                    f"(request deadline {round(share.deadline - share.enqueued, 2):g} s); the "
+                    "server is saturated, retry later")))
+            else:
+                kept.append(seq)
+        self._waiting = kept
 
     def _step(self) -> None:
         from onepass.backends.torch import StepRow
@@ -704,6 +797,10 @@ class GenerationScheduler:
         if seq in self._active:
             self._active.remove(seq)
             self._reserved -= seq.reserved
+            self._generation_reserved -= seq.reserved
+            if seq.request is not None:
+                seq.request.active -= 1
+                seq.request.rows -= seq.reserved
             self.arena.release(seq.table)
         seq.stream.push(
             Finish(reason, len(seq.prompt), seq.completion_tokens, seq.cached, error)

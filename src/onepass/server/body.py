@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from fastapi import Request
@@ -22,10 +23,10 @@ from onepass.server.settings import ServerSettings
 MAX_JSON_DEPTH = 100
 BODY_READ_TIMEOUT = 30.0  # a client that trickles its body must not hold a connection forever
 _THREAD_PARSE_BYTES = 64 * 1024  # bigger bodies are decoded and parsed off the event loop
-# Longer integers are refused: every accepted one then fits a double's range (float() never
-# overflows) and stays far below Python's 4,300-digit int/str conversion limit (a ValueError
-# wherever such an int is parsed or printed).
-MAX_INT_DIGITS = 308
+# Longer integers are refused here, with their path: past Python's int/str conversion limit
+# (4,300 digits) every later int() or str() of one raises ValueError, a 500 wherever it lands.
+# Shorter ones that overflow a double are each field's range check (a 4xx naming it).
+MAX_INT_DIGITS = sys.int_info.default_max_str_digits
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a pair decodes to one character: only lone ones
 
 

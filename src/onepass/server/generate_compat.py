@@ -14,6 +14,8 @@ The answer mirrors SGLang's ``meta_info`` except for one name: the values are th
 *logits* (``output_token_ids_logits``), not log-probabilities over the vocabulary (the fast path
 computes only the asked rows; a restricted softmax over them is what a decision reads). Fields
 the router adds at their defaults are accepted; any that asks for something else is a 400.
+One call is bounded like a decision's questions: its prompts, the tokens it computes and the
+logits it answers with (``max_generate_prompts`` / ``_tokens`` / ``_logits``, 413 above each).
 """
 
 from __future__ import annotations
@@ -117,6 +119,26 @@ def parse_generate(body: Any) -> tuple[list[list[int]], list[list[int]], bool]:
     return prompts, candidates, batch
 
 
+def _too_large(field: str, message: str) -> ApiError:
+    return ApiError.of("request_too_large", f"{field}: {message}", field=field)
+
+
+def check_size(prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[int]],
+               settings: ServerSettings) -> None:
+    """Bound the prompts one call packs into a forward and the logits it answers with (the
+    answer grows as prompts x candidate ids: 100 x 20,000 was a 62 MB body): 413s."""
+    if len(prompts) > settings.max_generate_prompts:
+        raise _too_large("input_ids", f"{len(prompts)} prompts is over the limit of "
+                         f"{settings.max_generate_prompts} per request (max_generate_prompts); "
+                         "split the batch")
+    logits = sum(len(c) for c in candidates)
+    if logits > settings.max_generate_logits:
+        raise _too_large("token_ids_logprob", f"{len(prompts)} prompts with {logits} candidate "
+                         f"ids in all is over the limit of {settings.max_generate_logits} "
+                         "logits per request (max_generate_logits); ask for fewer candidates "
+                         "or split the batch")
+
+
 def split_prefix(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
     """The longest common token prefix (leaving every suffix at least its last token) and the
     suffixes: the shape the fast path scores in one forward with the prefix cached."""
@@ -140,6 +162,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         engine = rt.require_engine()
         body = await read_json(request, settings)
         prompts, candidates, batch = parse_generate(body)
+        check_size(prompts, candidates, settings)
         vocab = getattr(engine.backend, "vocab_size", None)
         for i, p in enumerate(prompts):
             if len(p) > engine.max_input_tokens:
@@ -151,6 +174,12 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                     raise _bad(field, f"token id {max(ids)} is outside the vocabulary "
                                f"({vocab} ids)")
         prefix, suffixes = split_prefix(prompts)
+        tokens = len(prefix) + sum(len(s) for s in suffixes)
+        if tokens > settings.max_generate_tokens:
+            raise _too_large("input_ids", f"the batch has {tokens} tokens to score (its common "
+                             "prefix once, then every rest), over the limit of "
+                             f"{settings.max_generate_tokens} per request "
+                             "(max_generate_tokens); split the batch")
 
         def work() -> Any:
             return (engine.scorer or engine.backend.score)(prefix, suffixes, candidates)

@@ -130,6 +130,8 @@ class Running:
         if i not in self._open:
             return
         self._open.discard(i)
+        if finish.reason == "deadline" and len(self._open) == len(self.streams) - 1:
+            self.metrics.shed.labels("deadline").inc()  # once: the request never started
         first = self.streams[i].first_token_at
         ttft = None if first is None else max(0.0, first - self.submitted)
         itl = None
@@ -193,6 +195,8 @@ async def merge(running: Running) -> AsyncIterator[tuple[int, Delta | Finish]]:
 
 def _failure(finish: Finish) -> ApiError | None:
     """A sequence that did not end normally, as the error to report (None when it did)."""
+    if finish.reason == "deadline":  # no slot before the request deadline: shed, come back
+        return ApiError.of("overloaded", str(finish.error), headers=retry_headers(1.0))
     if finish.reason == "cancelled":
         return ApiError.of("shutting_down", "the server shut down while generating; retry",
                            headers=retry_headers(1.0))
@@ -376,7 +380,10 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     def start(gen: Any, prompt: list[int], params: Any, limit: int, n: int = 1,
               grammar: Any = None) -> Running:
         try:
-            return Running(gen.start(prompt, params, limit, n, grammar=grammar), rt.metrics)
+            # a request none of whose sequences got a slot within the deadline is shed (429)
+            deadline = time.monotonic() + settings.request_deadline
+            return Running(gen.start(prompt, params, limit, n, grammar=grammar,
+                                     deadline=deadline), rt.metrics)
         except Saturated as exc:
             rt.metrics.shed.labels("queue_full").inc()
             raise ApiError.of("overloaded", str(exc), headers=retry_headers(1.0)) from None

@@ -263,7 +263,7 @@ class Runtime:
                     {future, gone}, timeout=max(0.0, job.deadline - time.monotonic()),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                if not done and scheduler.cancel(job):
+                if not done and scheduler.cancel(job, gone=False):
                     self.metrics.shed.labels("deadline").inc()
                     wait = scheduler.expected_wait()
                     raise ApiError.of(

@@ -10,6 +10,10 @@ load exactly when the server is saturated. Here the queue is explicit and bounde
   ``retry-after`` estimate (429), instead of hanging;
 * a request that could not start before its deadline is dropped without computing (429);
 * a request whose client has gone is dropped without computing (:meth:`Scheduler.cancel`);
+* the deadline holds after a worker takes the job, too: model work the job queues in the
+  model's step scheduler waits through :func:`wait_for_model`, which withdraws it when the
+  deadline passes (429) or the client leaves before the model took it (a busy model never
+  turns a bounded wait into a hang, and a worker never waits for a client that is gone);
 * worker threads take jobs in arrival order. Requests about the same state share their prefix
   through the backend's prefix cache: the first computes it, the ones behind it reuse it.
 """
@@ -23,6 +27,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +63,9 @@ class Job:
     started: float | None = None
     finished: float | None = None
     cache: str | None = None  # hit / partial / miss, when the backend reports cache stats
+    # until when the job may wait for model work (wait_for_model): its deadline, then, after
+    # each piece of model work it got, one more request deadline from that moment
+    model_deadline: float = 0.0
 
     @property
     def queue_seconds(self) -> float:
@@ -166,19 +175,23 @@ class Scheduler:
                     f"the server is saturated: a new request would wait about {wait:.1f} s, "
                     f"over the {self.deadline:g} s request deadline; retry later",
                 )
-            job = Job(work, now, now + self.deadline)
+            job = Job(work, now, now + self.deadline, model_deadline=now + self.deadline)
             self._queue.append(job)
             self._cond.notify()
         return job
 
-    def cancel(self, job: Job) -> bool:
-        """The client is gone: drop ``job`` if it has not started. True if it was dropped."""
+    def cancel(self, job: Job, *, gone: bool = True) -> bool:
+        """The client is gone: drop ``job`` if it has not started. True if it was dropped.
+        A running job is marked, so model work it still waits for is withdrawn
+        (:func:`wait_for_model`); ``gone=False`` (its deadline passed, the client is still
+        there) drops it only if it has not started."""
         with self._cond:
-            job.cancelled = True
             try:
                 self._queue.remove(job)
             except ValueError:
+                job.cancelled = job.cancelled or gone
                 return False
+            job.cancelled = True
         _settle(job.future, exc=Cancelled("the client disconnected"))
         return True
 
@@ -225,12 +238,15 @@ class Scheduler:
             return
         job.started = now
         before = self._cache_stats() if self._cache_stats else None
+        token = _RUNNING.set((self, job))
         try:
             result = job.work()
         except BaseException as exc:  # handed to the request, which maps it to a status
             job.finished = time.monotonic()
             _settle(job.future, exc=exc)
             return
+        finally:
+            _RUNNING.reset(token)
         job.finished = time.monotonic()
         if before is not None:
             job.cache = _cache_outcome(before, self._cache_stats())
@@ -239,6 +255,41 @@ class Scheduler:
             self._service = 0.8 * self._service + 0.2 * elapsed
             self.completed += 1
         _settle(job.future, result=result)
+
+
+_RUNNING: ContextVar[tuple[Scheduler, Job] | None] = ContextVar("onepass_job", default=None)
+_POLL = 0.05  # seconds between looks at the client and the deadline while model work waits
+
+
+def wait_for_model(future: Future, withdraw: Callable[[], bool]) -> Any:
+    """The result of model work queued by the job running on this thread (the model's step
+    scheduler calls this), within that job's deadline.
+
+    ``withdraw()`` takes the work out of the model's line if the model has not taken it yet
+    (True) or says it is already running (False: it ends within a step or two, so it is
+    awaited). Withdrawn work raises :class:`Overloaded` (deadline) or :class:`Cancelled`
+    (client gone). Outside a job (the CLI, Python callers) this simply waits."""
+    running = _RUNNING.get()
+    if running is None:
+        return future.result()
+    scheduler, job = running
+    while True:
+        try:
+            result = future.result(timeout=_POLL)
+        except FutureTimeout:
+            if (job.cancelled or time.monotonic() > job.model_deadline) and withdraw():
+                if job.cancelled:
+                    raise Cancelled("the client disconnected") from None
+                raise Overloaded(
+                    "deadline",
+                    scheduler.retry_after(scheduler.expected_wait()),
+                    f"the request waited {time.monotonic() - job.enqueued:.1f} s without the "
+                    f"model taking its work (request deadline {scheduler.deadline:g} s); the "
+                    "server is saturated, retry later",
+                ) from None
+            continue
+        job.model_deadline = max(job.model_deadline, time.monotonic() + scheduler.deadline)
+        return result
 
 
 def _settle(future: Future, result: Any = None, exc: BaseException | None = None) -> None:

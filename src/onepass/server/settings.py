@@ -15,6 +15,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_MAX_QUESTIONS = 64
+DEFAULT_MAX_GENERATE_PROMPTS = 512
+DEFAULT_MAX_GENERATE_TOKENS = 16384
+DEFAULT_MAX_GENERATE_LOGITS = 131072
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_REQUEST_DEADLINE = 5.0
 DEFAULT_DRAIN_SECONDS = 15.0
@@ -38,10 +41,18 @@ class ServerSettings:
     # The engine packs every question of a request into one forward pass: this bounds the
     # work (and memory) one request can ask for. 413 above it.
     max_questions: int = DEFAULT_MAX_QUESTIONS
+    # POST /generate (SGLang's scoring shape) packs a batch into one forward the same way:
+    # prompts per call, tokens it computes (the common prefix once, then every rest) and
+    # logits it returns (prompts x candidate ids) are bounded; 413 above each.
+    max_generate_prompts: int = DEFAULT_MAX_GENERATE_PROMPTS
+    max_generate_tokens: int = DEFAULT_MAX_GENERATE_TOKENS
+    max_generate_logits: int = DEFAULT_MAX_GENERATE_LOGITS
     # Bounded queue in front of the engine; a full queue answers 429 with retry-after.
     max_queue: int = DEFAULT_MAX_QUEUE
     # A request that cannot start within this many seconds of arriving is shed with 429, well
-    # before the official client's 10 s read timeout (which would re-send it).
+    # before the official client's 10 s read timeout (which would re-send it). It holds until
+    # the answer: a decision whose model work the model has not taken by then, and a
+    # generation none of whose sequences got a slot by then, are shed the same way.
     request_deadline: float = DEFAULT_REQUEST_DEADLINE
     # Decision requests prepared at once. Their forwards run in the model's shared steps, so
     # concurrent requests are packed into the same forwards; this bounds how many join a step.
@@ -69,6 +80,9 @@ class ServerSettings:
             ("port", 0 <= self.port <= 65535, "an integer from 0 to 65535"),
             ("max_body_bytes", self.max_body_bytes > 0, "an integer > 0"),
             ("max_questions", self.max_questions > 0, "an integer > 0"),
+            ("max_generate_prompts", self.max_generate_prompts > 0, "an integer > 0"),
+            ("max_generate_tokens", self.max_generate_tokens > 0, "an integer > 0"),
+            ("max_generate_logits", self.max_generate_logits > 0, "an integer > 0"),
             ("max_queue", self.max_queue > 0, "an integer > 0"),
             ("request_deadline", 0 < self.request_deadline < math.inf, "a finite number > 0"),
             ("workers", self.workers > 0, "an integer > 0"),
