@@ -83,9 +83,9 @@ def settle(sched, seconds: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def generating(url: str, sched, *bodies: dict) -> Iterator[None]:
+def generating(url: str, sched, *bodies: dict, running: int = 0) -> Iterator[None]:
     """Each body streamed by its own client until the block ends (then the client leaves);
-    the block starts once every one is running."""
+    the block starts once every one is running (and ``running`` sequences in all)."""
     stop = threading.Event()
     opened = threading.Semaphore(0)
 
@@ -104,7 +104,7 @@ def generating(url: str, sched, *bodies: dict) -> Iterator[None]:
     for _ in bodies:
         assert opened.acquire(timeout=30), "a long generation did not start"
     deadline = time.monotonic() + 30
-    while sched.active < len(bodies):
+    while sched.active < max(running, len(bodies)):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     time.sleep(0.3)
@@ -251,8 +251,7 @@ def test_generations_whose_clients_left_leave_the_waiting_line(url, steps):
 
 def test_a_generation_that_cannot_start_in_time_is_refused_with_retry_after(url, quick, steps):
     hog = chat(2000, n=8, stream=True)
-    with generating(url, steps, hog, hog):  # every slot busy (started within 5 s)
-        assert steps.active == steps.max_sequences
+    with generating(url, steps, hog, hog, running=steps.max_sequences):  # every slot busy
         r, seconds = timed(httpx.post, quick + "/v1/chat/completions", json=chat(3),
                            timeout=20)
         assert steps.active == steps.max_sequences  # the long ones kept running
