@@ -17,6 +17,14 @@ from onepass.server.body import MAX_INT_DIGITS, parse_json  # noqa: E402
 from onepass.server.errors import ApiError  # noqa: E402
 from onepass.server.settings import ServerSettings  # noqa: E402
 
+
+def _fill(template: str, *values: str) -> str:
+    """``template`` with each ``%s`` replaced by the next value (JSON braces stay as they are)."""
+    for value in values:
+        template = template.replace("%s", value, 1)
+    return template
+
+
 BIG = "1" * 5000  # past int's 4,300-digit str conversion limit
 NOUL = '{"a":{"type":"noul","instructions":"Is it late?"}}'
 CHAT = '{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,%s}'
@@ -26,23 +34,23 @@ GENERATE = '{"input_ids":[[1,2]],"token_ids_logprob":[3],"sampling_params":{"max
 HUGE_INTS = [
     ("/v1/chat/completions", CHAT % f'"seed":{BIG}', "seed"),
     ("/v1/chat/completions", CHAT % f'"max_tokens":-{BIG}', "max_tokens"),
-    ("/v1/completions", '{"prompt":"hi","max_tokens":%s}' % BIG, "max_tokens"),
-    ("/v1/completions", '{"prompt":[1,%s],"max_tokens":1}' % BIG, "prompt[1]"),
-    ("/v1/responses", '{"input":"hi","max_output_tokens":%s}' % BIG, "max_output_tokens"),
-    ("/v1/systemone", '{"state":"x","questions":%s,"seed":%s}' % (NOUL, BIG), "seed"),
-    ("/v1/decisions", '{"context":"x","mode":"batch","schema":{"type":"object","properties":'
-     '{"n":{"type":"integer","maximum":%s}}}}' % BIG, "schema.properties.n.maximum"),
-    ("/v1/embeddings", '{"input":[%s]}' % BIG, "input[0]"),
+    ("/v1/completions", _fill('{"prompt":"hi","max_tokens":%s}', BIG), "max_tokens"),
+    ("/v1/completions", _fill('{"prompt":[1,%s],"max_tokens":1}', BIG), "prompt[1]"),
+    ("/v1/responses", _fill('{"input":"hi","max_output_tokens":%s}', BIG), "max_output_tokens"),
+    ("/v1/systemone", _fill('{"state":"x","questions":%s,"seed":%s}', NOUL, BIG), "seed"),
+    ("/v1/decisions", _fill('{"context":"x","mode":"batch","schema":{"type":"object","properties":'
+     '{"n":{"type":"integer","maximum":%s}}}}', BIG), "schema.properties.n.maximum"),
+    ("/v1/embeddings", _fill('{"input":[%s]}', BIG), "input[0]"),
     ("/generate", GENERATE % f'"rid":{BIG}', "rid"),
-    ("/generate", '{"input_ids":[[1,%s]],"token_ids_logprob":[3]}' % BIG, "input_ids[0][1]"),
+    ("/generate", _fill('{"input_ids":[[1,%s]],"token_ids_logprob":[3]}', BIG), "input_ids[0][1]"),
 ]
 
 S = "\\ud800"  # a lone high surrogate, as JSON writes it
 LONE_SURROGATES = [
-    ("/v1/chat/completions", '{"messages":[{"role":"user","content":"hi %s"}]}' % S,
+    ("/v1/chat/completions", _fill('{"messages":[{"role":"user","content":"hi %s"}]}', S),
      "messages[0].content"),
-    ("/v1/chat/completions", '{"messages":[{"role":"user","content":[{"type":"text","text":'
-     '"%s"}]}]}' % S, "messages[0].content[0].text"),
+    ("/v1/chat/completions", _fill('{"messages":[{"role":"user","content":[{"type":"text","text":'
+     '"%s"}]}]}', S), "messages[0].content[0].text"),
     ("/v1/chat/completions", CHAT % f'"stop":["ok","{S}"]', "stop[1]"),
     ("/v1/chat/completions", CHAT % ('"tools":[{"type":"function","function":{"name":"f",'
                                      f'"description":"{S}"}}}}]'),
@@ -50,28 +58,29 @@ LONE_SURROGATES = [
     ("/v1/chat/completions", CHAT % f'"response_format":{{"type":"json_schema","json_schema":'
      f'{{"name":"n","schema":{{"enum":["{S}"]}}}}}}',
      "response_format.json_schema.schema.enum[0]"),
-    ("/v1/completions", '{"prompt":"hi %s","max_tokens":1}' % S, "prompt"),
-    ("/v1/completions", '{"prompt":["ok","%s"],"max_tokens":1}' % S, "prompt[1]"),
-    ("/v1/completions", '{"prompt":"hi","max_tokens":1,"stop":"%s"}' % S, "stop"),
-    ("/v1/responses", '{"input":"hi %s","max_output_tokens":1}' % S, "input"),
+    ("/v1/completions", _fill('{"prompt":"hi %s","max_tokens":1}', S), "prompt"),
+    ("/v1/completions", _fill('{"prompt":["ok","%s"],"max_tokens":1}', S), "prompt[1]"),
+    ("/v1/completions", _fill('{"prompt":"hi","max_tokens":1,"stop":"%s"}', S), "stop"),
+    ("/v1/responses", _fill('{"input":"hi %s","max_output_tokens":1}', S), "input"),
     ("/v1/responses", '{"input":"hi","instructions":"\\udfff","max_output_tokens":1}',
      "instructions"),
-    ("/v1/responses", '{"input":[{"role":"user","content":[{"type":"input_text","text":'
-     '"%s"}]}]}' % S, "input[0].content[0].text"),
-    ("/v1/responses", '{"input":"hi","metadata":{"k":"%s"}}' % S, "metadata.k"),
-    ("/v1/systemone", '{"state":"late %s","questions":%s}' % (S, NOUL), "state"),
-    ("/v1/systemone", '{"state":{"ticket":"%s"},"questions":%s}' % (S, NOUL), "state.ticket"),
-    ("/v1/systemone", '{"state":"x","questions":{"a":{"type":"noul","instructions":"%s"}}}' % S,
+    ("/v1/responses", _fill('{"input":[{"role":"user","content":[{"type":"input_text","text":'
+     '"%s"}]}]}', S), "input[0].content[0].text"),
+    ("/v1/responses", _fill('{"input":"hi","metadata":{"k":"%s"}}', S), "metadata.k"),
+    ("/v1/systemone", _fill('{"state":"late %s","questions":%s}', S, NOUL), "state"),
+    ("/v1/systemone", _fill('{"state":{"ticket":"%s"},"questions":%s}', S, NOUL), "state.ticket"),
+    ("/v1/systemone", _fill('{"state":"x","questions":{"a":{"type":"noul",'
+                            '"instructions":"%s"}}}', S),
      "questions.a.instructions"),
-    ("/v1/systemone", '{"state":"x","questions":{"a":{"type":"choice","instructions":"i",'
-     '"criteria":{"ok":"%s","no":null}}}}' % S, "questions.a.criteria.ok"),
-    ("/v1/decisions", '{"context":"late %s","mode":"batch","schema":{"type":"object",'
-     '"properties":{"u":{"type":"boolean"}}}}' % S, "context"),
-    ("/v1/decisions", '{"context":"x","mode":"batch","schema":{"type":"object","properties":'
-     '{"u":{"type":"boolean","description":"%s"}}}}' % S,
+    ("/v1/systemone", _fill('{"state":"x","questions":{"a":{"type":"choice","instructions":"i",'
+     '"criteria":{"ok":"%s","no":null}}}}', S), "questions.a.criteria.ok"),
+    ("/v1/decisions", _fill('{"context":"late %s","mode":"batch","schema":{"type":"object",'
+     '"properties":{"u":{"type":"boolean"}}}}', S), "context"),
+    ("/v1/decisions", _fill('{"context":"x","mode":"batch","schema":{"type":"object","properties":'
+     '{"u":{"type":"boolean","description":"%s"}}}}', S),
      "schema.properties.u.description"),
-    ("/v1/embeddings", '{"input":"a %s"}' % S, "input"),
-    ("/v1/embeddings", '{"input":["ok","%s"]}' % S, "input[1]"),
+    ("/v1/embeddings", _fill('{"input":"a %s"}', S), "input"),
+    ("/v1/embeddings", _fill('{"input":["ok","%s"]}', S), "input[1]"),
     ("/generate", GENERATE % f'"rid":"{S}"', "rid"),
 ]
 
@@ -115,7 +124,7 @@ def test_surrogate_pairs_and_long_but_bounded_integers_still_work(client):
     r = client.post("/v1/completions", content=json.dumps(
         {"prompt": "smile \U0001f600", "max_tokens": 1, "temperature": 0}))
     assert r.status_code == 200, r.text
-    body = '{"prompt":"hi","max_tokens":1,"seed":%s}' % ("9" * MAX_INT_DIGITS)
+    body = _fill('{"prompt":"hi","max_tokens":1,"seed":%s}', "9" * MAX_INT_DIGITS)
     r = client.post("/v1/completions", content=body)
     assert r.status_code == 400 and r.json()["error"]["field"] == "seed", r.text  # range check
     assert "digits" not in r.json()["error"]["message"]
