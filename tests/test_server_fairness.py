@@ -254,7 +254,11 @@ def test_a_generation_that_cannot_start_in_time_is_refused_with_retry_after(url,
     with generating(url, steps, hog, hog, running=steps.max_sequences):  # every slot busy
         r, seconds = timed(httpx.post, quick + "/v1/chat/completions", json=chat(3),
                            timeout=20)
+        streamed = httpx.post(quick + "/v1/chat/completions", json=chat(3, stream=True),
+                              timeout=20)  # the 200 is sent: the refusal is the error event
         assert steps.active == steps.max_sequences  # the long ones kept running
+    assert streamed.status_code == 200 and b'"type":"overloaded"' in streamed.content.replace(
+        b" ", b"") and b"deadline" in streamed.content, streamed.content[-400:]
     assert r.status_code == 429, (r.status_code, r.text)
     assert "deadline" in r.json()["error"]["message"] and int(r.headers["retry-after-ms"]) > 0
     assert seconds < 3, seconds
