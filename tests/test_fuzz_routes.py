@@ -76,7 +76,56 @@ def _ref_bomb(depth: int) -> dict:
     return {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d0"}}}
 
 
+def _ref_chain(links: int) -> dict:
+    """A chain of object ``$ref``s: 1,000 links overflowed llguidance's native stack."""
+    defs = {f"d{i}": {"type": "object", "properties": {"next": {"$ref": f"#/$defs/d{i + 1}"}}}
+            for i in range(links)}
+    defs[f"d{links}"] = {"type": "string"}
+    return {"$ref": "#/$defs/d0", "$defs": defs}
+
+
+def _lark_chain(rules: int) -> str:
+    return "\n".join(["start: r0", *(f'r{i}: "a" r{i + 1}' for i in range(rules)),
+                      f'r{rules}: "a"'])
+
+
+def _chat(**extra) -> dict:
+    return {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+
+
+def _forced_tool(parameters: dict) -> dict:
+    return _chat(tool_choice="required", tools=[{"type": "function", "function": {
+        "name": "f", "strict": True, "parameters": parameters}}])
+
+
+def _json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+# references a request must never make the server follow (it has no network or file access to
+# give): each is refused before anything is compiled or validated
+REMOTE_REFS = ["http://127.0.0.1:9/x.json", "https://example.invalid/s.json", "file:///etc/passwd",
+               "/etc/hostname", "other.json#/a", "urn:x:y", "//host/x"]
+
 DANGEROUS = [
+    ("/v1/chat/completions", _chat(response_format=_json_schema(_ref_chain(1000)))),
+    ("/v1/chat/completions", _chat(response_format=_json_schema(_ref_chain(3000)))),
+    ("/v1/chat/completions", _chat(grammar=_lark_chain(3000))),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "grammar": _lark_chain(3000)}),
+    ("/v1/chat/completions", _chat(grammar="start: " + " | ".join(
+        f'"w{i}x"' for i in range(2100)))),
+    ("/v1/chat/completions", _forced_tool(_ref_chain(1000))),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": _ref_chain(1000)}}}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "tool_choice": "required",
+                       "tools": [{"type": "function", "name": "f", "strict": True,
+                                  "parameters": _ref_chain(1000)}]}),
+    ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
+        "type": "object", "properties": {"deep": _ref_chain(1000)}}}),
+    *(("/v1/chat/completions", _forced_tool({"type": "object", "properties": {
+        "q": {"$ref": ref}}})) for ref in REMOTE_REFS),
+    *(("/v1/chat/completions", _chat(response_format=_json_schema({
+        "type": "object", "properties": {"q": {"$ref": ref}}}))) for ref in REMOTE_REFS[:3]),
     ("/v1/decisions", {"context": "x", "mode": "sequential", "schema": _ref_bomb(30)}),
     ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
         "type": "object", "properties": {"n": {
@@ -167,6 +216,31 @@ def test_one_field_replaced_never_gets_a_5xx(client, route, data):
     key = data.draw(st.sampled_from(sorted(body) + ["model", "stream", "n", "seed", "stop"]))
     body[key] = data.draw(json_values)
     _post(client, route, body)
+
+
+# schemas an attacker would send where a grammar or a validator reads one: reference chains of
+# any length, references to anywhere, and ordinary values in between
+hostile_schemas = st.one_of(
+    st.integers(min_value=0, max_value=4000).map(_ref_chain),
+    st.sampled_from(REMOTE_REFS).map(lambda ref: {"type": "object",
+                                                  "properties": {"q": {"$ref": ref}}}),
+    st.text(max_size=30).map(lambda ref: {"$ref": ref}),
+    st.dictionaries(st.sampled_from(["type", "$ref", "$id", "$defs", "items", "anyOf"]),
+                    json_values, max_size=4),
+)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(where=st.sampled_from(["response_format", "tool", "text.format"]), schema=hostile_schemas)
+def test_hostile_schemas_never_get_a_5xx(client, where, schema):
+    if where == "response_format":
+        _post(client, "/v1/chat/completions", _chat(response_format=_json_schema(schema)))
+    elif where == "tool":
+        _post(client, "/v1/chat/completions", _forced_tool(schema))
+    else:
+        _post(client, "/v1/responses", {"input": "hi", "max_output_tokens": 2, "text": {
+            "format": {"type": "json_schema", "name": "x", "schema": schema}}})
 
 
 def test_the_server_still_answers_after_the_fuzzing(client):
