@@ -36,16 +36,20 @@ URI, so even a form the check missed never reaches the network or the disk.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
 import re
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import referencing
 import referencing.exceptions
+import regex
 
 from onepass.contract import ContractError, _describe
 from onepass.generate.grammar import check_schema_bounds
@@ -72,6 +76,7 @@ class Function:
     description: str | None
     parameters: Mapping[str, Any]
     strict: bool
+    field: str = "parameters"  # where the request declared ``parameters`` (errors name it)
 
     def chat_tool(self) -> dict[str, Any]:
         """The Chat Completions shape (what templates and the instruction show the model)."""
@@ -163,6 +168,7 @@ def parse_tools(raw: Any, *, dialect: str = "chat") -> tuple[Function, ...]:
     if len(raw) > MAX_TOOLS:
         raise ContractError("tools", f"{len(raw)} tools is over the limit of {MAX_TOOLS}")
     out: list[Function] = []
+    patterns = PatternBudget()
     for i, tool in enumerate(raw):
         where = f"tools[{i}]"
         if not isinstance(tool, Mapping):
@@ -200,9 +206,10 @@ def parse_tools(raw: Any, *, dialect: str = "chat") -> tuple[Function, ...]:
         if strict is not None and not isinstance(strict, bool):
             raise ContractError(f"{at}.strict", f"expected a boolean, got {_describe(strict)}")
         check_schema_bounds(parameters, f"{at}.parameters")  # before any walk: depth, size
+        check_patterns(parameters, f"{at}.parameters", patterns)  # before re.compile sees them
         _check_schema(parameters, f"{at}.parameters")
         check_references(parameters, f"{at}.parameters")
-        out.append(Function(name, description, parameters, bool(strict)))
+        out.append(Function(name, description, parameters, bool(strict), f"{at}.parameters"))
     return tuple(out)
 
 
@@ -392,6 +399,238 @@ def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
 
 LOCAL_ONLY: referencing.Registry[Any] = referencing.Registry(retrieve=_refuse_retrieval)
 """The registry calls are validated through: it retrieves nothing, ever."""
+
+
+# --------------------------------------------------------------------------- patterns
+
+try:
+    from re import _parser as _sre_parse  # Python 3.11+: the parser re.compile runs first
+except ImportError:  # pragma: no cover (Python 3.10)
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+MAX_PATTERN = 1_000
+"""Characters one ``pattern`` (or ``patternProperties`` key) may have."""
+MAX_PATTERN_WORK = 20_000
+"""What all the patterns of one request's ``tools`` may expand to when compiled (each
+quantified part counted ``min + 1`` times, nested quantifiers multiplied). The ``regex``
+module unrolls counted repeats: ``(?:a{1000}){1000}`` (17 characters) takes 0.9 s and 270 MB
+to compile, ``a{65535}`` x 100 6 s and 1.7 GB, all holding the GIL; 20,000 is ~20 ms."""
+MATCH_SECONDS = 0.1
+"""CPU time one pattern match may take (``regex``'s timeout, counted in process CPU time)."""
+CALL_MATCH_SECONDS = 1.0
+"""Wall time all the matches of validating one call may take together."""
+_REPEATS = tuple(getattr(_sre_parse, name) for name in
+                 ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(_sre_parse, name))
+_CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "onepass_tool_call_match_deadline", default=None)
+
+
+class PatternBudget:
+    """The expansion the patterns of one request's tools have used so far."""
+
+    def __init__(self) -> None:
+        self.spent = 0
+
+
+class SlowPattern(Exception):
+    """A client pattern did not finish matching the model's argument within its time."""
+
+    def __init__(self, pattern: str, keyword: str) -> None:
+        super().__init__(pattern)
+        self.pattern, self.keyword = pattern, keyword
+
+
+def _objects(schema: Any, where: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """Every object in a schema document with its path, data included (a ``$ref`` may point
+    anywhere, so any object may be used as a schema); iterative, so depth cannot overflow."""
+    stack: list[tuple[Any, str]] = [(schema, where)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{at}[{i}]") for i, item in enumerate(node))
+        elif isinstance(node, Mapping):
+            yield node, at
+            stack.extend((value, f"{at}.{key}") for key, value in node.items()
+                         if isinstance(value, (Mapping, list)))
+
+
+def check_patterns(schema: Mapping[str, Any], where: str, budget: PatternBudget) -> None:
+    """Refuse a ``pattern`` or ``patternProperties`` key that is too long, is not a regular
+    expression, or would take too much to compile (``budget``: the request's tools
+    together); and ``unevaluatedProperties`` beside ``patternProperties``, whose keys
+    jsonschema would match with Python's ``re``, unbounded (calls are matched with ``regex``
+    under a timeout, :func:`validate_call`)."""
+    unevaluated, pattern_maps = None, False
+    for node, at in _objects(schema, where):
+        found = node.get("pattern")
+        if isinstance(found, str):
+            _check_pattern(found, f"{at}.pattern", budget)
+        keyed = node.get("patternProperties")
+        if isinstance(keyed, Mapping):
+            pattern_maps = True
+            for key in keyed:
+                field = (f"{at}.patternProperties.{key}" if len(key) <= 100
+                         else f"{at}.patternProperties")
+                _check_pattern(str(key), field, budget)
+        if "unevaluatedProperties" in node and unevaluated is None:
+            unevaluated = f"{at}.unevaluatedProperties"
+    if unevaluated is not None and pattern_maps:
+        raise ContractError(unevaluated, "unevaluatedProperties is not supported in a schema "
+                            "that uses patternProperties (its keys could not be matched "
+                            "within a time bound); use additionalProperties")
+
+
+def _check_pattern(pattern: str, field: str, budget: PatternBudget) -> None:
+    if len(pattern) > MAX_PATTERN:
+        raise ContractError(field, f"a pattern of {len(pattern):,} characters is over the "
+                            f"limit of {MAX_PATTERN:,}")
+    try:
+        work = _expansion(_sre_parse.parse(pattern))
+    except re.error as exc:
+        raise ContractError(field, f"not a regular expression: {exc}") from None
+    except RecursionError:
+        raise ContractError(field, "the pattern is nested too deeply") from None
+    budget.spent += work
+    if budget.spent > MAX_PATTERN_WORK:
+        raise ContractError(field, f"the patterns in tools expand to over "
+                            f"{MAX_PATTERN_WORK:,} parts when compiled (each counted "
+                            "repeat is unrolled: nested or large repeat counts multiply); "
+                            "use smaller repeat counts")
+    try:
+        regex.compile(pattern)  # what calls are matched with; cached for them
+    except (regex.error, ValueError, OverflowError) as exc:
+        raise ContractError(field, f"not a regular expression the server can match: "
+                            f"{exc}") from None
+
+
+def _expansion(parsed: Any) -> int:
+    """An upper bound on how many parts ``parsed`` (Python's parse of a pattern) unrolls to:
+    a repeat ``{lo,hi}`` costs its body ``lo + 1`` times, everything else once."""
+    total = 0
+    for op, arg in parsed:
+        if op in _REPEATS:
+            low, _, body = arg
+            total += _expansion(body) * (min(low, MAX_PATTERN_WORK) + 1)
+        else:
+            total += 1 + sum(_expansion(sub) for sub in _subpatterns(arg))
+        if total > MAX_PATTERN_WORK:
+            return total
+    return total
+
+
+def _subpatterns(arg: Any) -> Iterator[Any]:
+    """The nested parses in one parsed item's argument (groups, branches, assertions)."""
+    if isinstance(arg, _sre_parse.SubPattern):
+        yield arg
+    elif isinstance(arg, (tuple, list)):
+        for item in arg:
+            yield from _subpatterns(item)
+
+
+def _search(pattern: str, text: str, keyword: str) -> bool:
+    """``re.search`` semantics through ``regex``: bounded by :data:`MATCH_SECONDS` and the
+    call's deadline, and the GIL released while it matches (Python's ``re`` holds it, so one
+    backtracking match froze every thread of the server)."""
+    seconds = MATCH_SECONDS
+    deadline = _CALL_DEADLINE.get()
+    if deadline is not None:
+        seconds = min(seconds, deadline - time.monotonic())
+        if seconds <= 0:
+            raise SlowPattern(pattern, keyword)
+    try:
+        return regex.search(pattern, text, timeout=seconds) is not None
+    except TimeoutError:
+        raise SlowPattern(pattern, keyword) from None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not _search(pattern, instance, "pattern"):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: Any,
+                        schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _search(pattern, key, "patternProperties"):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, additional: Any, instance: Any,
+                           schema: Any) -> Iterator[Any]:
+    """jsonschema's ``additionalProperties``, its keys matched by :func:`_search`."""
+    from jsonschema._utils import extras_msg
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    properties, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    extras = {key for key in instance if key not in properties and not any(
+        _search(pattern, key, "patternProperties") for pattern in patterns)}
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        if patterns:
+            verb = "does" if len(extras) == 1 else "do"
+            joined = ", ".join(repr(each) for each in sorted(extras))
+            listed = ", ".join(repr(each) for each in sorted(patterns))
+            yield ValidationError(f"{joined} {verb} not match any of the regexes: {listed}")
+        else:
+            shown, verb = extras_msg(sorted(extras, key=str))
+            yield ValidationError(f"Additional properties are not allowed ({shown} {verb} "
+                                  "unexpected)")
+
+
+@functools.cache
+def _call_validator() -> Any:
+    """Draft 2020-12 with every client pattern matched by :func:`_search` (``pattern``,
+    ``patternProperties``, and the keys ``additionalProperties`` weighs against them;
+    ``unevaluatedProperties`` beside patterns is refused by :func:`check_patterns`)."""
+    from jsonschema import Draft202012Validator, validators
+
+    return validators.extend(Draft202012Validator, {
+        "pattern": _pattern, "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties})
+
+
+def _pattern_field(fn: Function, slow: SlowPattern) -> str:
+    """Where ``fn``'s parameters declare the pattern that was too slow (its first place)."""
+    for node, at in _objects(fn.parameters, fn.field):
+        if slow.keyword == "pattern" and node.get("pattern") == slow.pattern:
+            return f"{at}.pattern"
+        keyed = node.get("patternProperties")
+        if isinstance(keyed, Mapping) and slow.pattern in keyed:
+            key = slow.pattern
+            return f"{at}.patternProperties.{key}" if len(key) <= 100 else \
+                f"{at}.patternProperties"
+    return fn.field
+
+
+def validate_call(fn: Function, args: Mapping[str, Any]) -> str | None:
+    """Why ``args`` break ``fn``'s parameters (None: they do not). Nothing is retrieved
+    (:data:`LOCAL_ONLY`) and every pattern is matched under a time bound: one too slow for
+    the model's argument is the client's fault, a :class:`ContractError` naming it."""
+    validator = _call_validator()(dict(fn.parameters), registry=LOCAL_ONLY)
+    token = _CALL_DEADLINE.set(time.monotonic() + CALL_MATCH_SECONDS)
+    try:
+        error = next(iter(validator.iter_errors(args)), None)
+    except referencing.exceptions.Unresolvable:  # refused at parse time; never fetched
+        raise MalformedCall(f"the parameters schema of {fn.name} has a reference that does "
+                            "not resolve inside it") from None
+    except SlowPattern as slow:
+        raise ContractError(_pattern_field(fn, slow), (
+            f"the pattern {slow.pattern[:100]!r} did not finish matching the model's "
+            f"arguments to {fn.name} within its time ({MATCH_SECONDS} s a match, "
+            f"{CALL_MATCH_SECONDS} s a call), so the call could not be checked; use a "
+            "pattern without nested or overlapping repeats")) from None
+    finally:
+        _CALL_DEADLINE.reset(token)
+    return None if error is None else error.message
 
 
 # --------------------------------------------------------------------------- rendering
@@ -669,16 +908,9 @@ def _check_call(obj: Any, spec: ToolSpec) -> ToolCall:
     if not isinstance(args, Mapping):
         raise MalformedCall(f"the arguments of {name} are not a JSON object")
     if fn.strict or spec.forced:
-        from jsonschema import Draft202012Validator
-
-        validator = Draft202012Validator(dict(fn.parameters), registry=LOCAL_ONLY)
-        try:
-            error = next(iter(validator.iter_errors(args)), None)
-        except referencing.exceptions.Unresolvable:  # refused at parse time; never fetched
-            raise MalformedCall(f"the parameters schema of {name} has a reference that does "
-                                "not resolve inside it") from None
+        error = validate_call(fn, args)
         if error is not None:
             raise MalformedCall(f"the arguments of {name} break its parameters schema: "
-                                f"{error.message}")
+                                f"{error}")
     return ToolCall(new_call_id(), name, json.dumps(args, ensure_ascii=False,
                                                     separators=(",", ":")))

@@ -298,7 +298,8 @@ def tool_prompt(gen: Any, messages: list[dict[str, Any]], tools: T.ToolSpec | No
 def settle_tools(choice: W.Choice, tools: T.ToolSpec | None, fmt: str) -> None:
     """Parse a finished choice's calls in place: content and ``tool_calls`` (finish reason
     tool_calls). At the output limit the calls are withheld and the text before them kept;
-    a completed malformed (or missing forced) call is a 502, never passed on."""
+    a completed malformed (or missing forced) call is a 502, never passed on; a call its
+    schema cannot check in bounded time (a backtracking ``pattern``) is the tools' 400."""
     if tools is None:
         return
     if choice.finish_reason == "length":
@@ -308,6 +309,8 @@ def settle_tools(choice: W.Choice, tools: T.ToolSpec | None, fmt: str) -> None:
         content, calls = T.parse_calls(choice.text, tools, fmt)
         if tools.forced and not calls:
             raise T.MalformedCall("a tool call was required and the model made none")
+    except ContractError as exc:  # an ApiError, so a stream reports it as it is too
+        raise _api_error(exc) from None
     except T.MalformedCall as exc:
         raise ApiError(502, f"the model's tool call is malformed: {exc}; it was not passed on",
                        "invalid_model_output") from None
