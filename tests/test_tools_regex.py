@@ -216,3 +216,44 @@ def test_ordinary_patterns_are_accepted():
                     "^(?!\\s*$).+", "^[A-Za-z_][A-Za-z0-9_]{0,63}$", "(?i)^yes|no$"):
         T.parse_tools(tool(obj(x={"type": "string", "pattern": pattern})))
     T.parse_tools(tool({**obj(), "unevaluatedProperties": False}))  # without patterns: fine
+
+
+# --------------------------------------------------------------------------- over HTTP
+
+
+def copied_calls(argument: str) -> list[dict]:
+    """Three earlier turns where the user asked for f with ``x = argument`` and the assistant
+    called it so: SmolLM2 then does it again, so an ``auto`` turn reaches call validation."""
+    ask = f"Call f with x = {argument}"
+    messages: list[dict] = []
+    for i in range(3):
+        made = {"id": f"c{i}", "type": "function",
+                "function": {"name": "f", "arguments": json.dumps({"x": argument})}}
+        messages += [{"role": "user", "content": ask},
+                     {"role": "assistant", "content": None, "tool_calls": [made]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"},
+                     {"role": "assistant", "content": "Done."}]
+    return messages + [{"role": "user", "content": ask}]
+
+
+def test_a_real_call_against_a_slow_pattern_is_a_400_plain_and_streamed(engine):
+    """The model writes the argument (few-shot), the route validates it: a 400 naming the
+    pattern (a 502 'does not match' after ~1 s with Python's re, and with a longer argument
+    a server that never answers again), and /health/live answers; streamed, the same error
+    as the stream's error event, not a 500."""
+    from fastapi.testclient import TestClient
+
+    from onepass.server import ServerSettings, create_app
+
+    body = {"model": engine.served_name, "messages": copied_calls(SLOW), "max_tokens": 60,
+            "temperature": 0, "tools": tool(obj(x={"type": "string", "pattern": EVIL}))}
+    with TestClient(create_app(engine, ServerSettings())) as http:
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == f"{P}.properties.x.pattern", r.text
+        assert http.get("/health/live").status_code == 200
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+            frames = [json.loads(line[6:]) for line in s.iter_lines()
+                      if line.startswith("data: {")]
+    error = frames[-1]["error"]
+    assert error["code"] == 400 and f"{P}.properties.x.pattern" in error["message"], frames
