@@ -352,7 +352,7 @@ def test_a_failure_after_the_stream_started_is_an_error_frame(engine, monkeypatc
     from onepass.generate.scheduler import Delta, Finish, GenerationStream
     from onepass.server.app import create_app
 
-    def failing(prompt, params, max_tokens, n=1, grammar=None):
+    def failing(prompt, params, max_tokens, n=1, grammar=None, deadline=None):
         streams = []
         for _ in range(n):
             stream = GenerationStream()
