@@ -143,6 +143,22 @@ def test_every_place_a_pattern_is_matched_is_bounded(parameters, arguments, fiel
     assert err.value.field == field, err.value
 
 
+def test_the_responses_dialect_names_its_own_path():
+    (fn,) = T.parse_tools([{"type": "function", "name": "f", "strict": True,
+                            "parameters": obj(x={"type": "string", "pattern": EVIL})}],
+                          dialect="responses")
+    with pytest.raises(ContractError) as err:
+        T.parse_calls(call({"x": SLOW}), T.ToolSpec((fn,), "auto", None, True))
+    assert err.value.field == "tools[0].parameters.properties.x.pattern"
+
+
+def test_format_regex_is_an_annotation_so_no_argument_is_compiled():
+    """``format`` is not asserted when calls are validated: an argument under
+    ``format: regex`` is never compiled (the only patterns compiled are the schema's)."""
+    spec = spec_of(obj(x={"type": "string", "format": "regex"}))
+    assert T.parse_calls(call({"x": "(?:a{1000}){1000}("}), spec)[1]
+
+
 def test_ordinary_patterns_still_decide_calls():
     spec = spec_of({**obj(code={"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"}),
                     "patternProperties": {"^tag_": {"type": "string"}},
