@@ -280,28 +280,34 @@ def check_references(schema: Mapping[str, Any], where: str) -> None:
     ``$ref`` must be a JSON pointer into ``schema`` naming a schema. Every object in the
     document is looked at, values of ``const``/``enum``/``default`` too (a pointer may reach
     anywhere), iteratively, so a deep schema cannot exhaust the stack here."""
+    for node, at in _objects(schema, where):
+        for key, value in node.items():
+            if not isinstance(value, str):  # a schema keyword here (objects are subschemas)
+                continue
+            field = f"{at}.{key}"
+            if key == "$ref":
+                _check_pointer(schema, value, field)
+            elif key in _REBASING:
+                raise ContractError(field, f"{_REBASING[key]}; only local '$ref' "
+                                    "pointers ('#/$defs/...') are supported")
+            elif key == "$schema" and value not in _DIALECTS:
+                raise ContractError(field, f"unsupported dialect {value[:100]!r}; "
+                                    "expected JSON Schema 2020-12 (or omit $schema)")
+    _check_expansion(schema, where)
+
+
+def _objects(schema: Any, where: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """Every object in a schema document with its path, data included (a ``$ref`` may point
+    anywhere, so any object may be used as a schema); iterative, so depth cannot overflow."""
     stack: list[tuple[Any, str]] = [(schema, where)]
     while stack:
         node, at = stack.pop()
         if isinstance(node, list):
             stack.extend((item, f"{at}[{i}]") for i, item in enumerate(node))
-            continue
-        if not isinstance(node, Mapping):
-            continue
-        for key, value in node.items():
-            field = f"{at}.{key}"
-            if isinstance(value, str):  # a schema keyword here (objects are subschemas)
-                if key == "$ref":
-                    _check_pointer(schema, value, field)
-                elif key in _REBASING:
-                    raise ContractError(field, f"{_REBASING[key]}; only local '$ref' "
-                                        "pointers ('#/$defs/...') are supported")
-                elif key == "$schema" and value not in _DIALECTS:
-                    raise ContractError(field, f"unsupported dialect {value[:100]!r}; "
-                                        "expected JSON Schema 2020-12 (or omit $schema)")
-            elif isinstance(value, (Mapping, list)):
-                stack.append((value, field))
-    _check_expansion(schema, where)
+        elif isinstance(node, Mapping):
+            yield node, at
+            stack.extend((value, f"{at}.{key}") for key, value in node.items()
+                         if isinstance(value, (Mapping, list)))
 
 
 MAX_EXPANDED = 20_000
@@ -438,20 +444,6 @@ class SlowPattern(Exception):
     def __init__(self, pattern: str, keyword: str) -> None:
         super().__init__(pattern)
         self.pattern, self.keyword = pattern, keyword
-
-
-def _objects(schema: Any, where: str) -> Iterator[tuple[Mapping[str, Any], str]]:
-    """Every object in a schema document with its path, data included (a ``$ref`` may point
-    anywhere, so any object may be used as a schema); iterative, so depth cannot overflow."""
-    stack: list[tuple[Any, str]] = [(schema, where)]
-    while stack:
-        node, at = stack.pop()
-        if isinstance(node, list):
-            stack.extend((item, f"{at}[{i}]") for i, item in enumerate(node))
-        elif isinstance(node, Mapping):
-            yield node, at
-            stack.extend((value, f"{at}.{key}") for key, value in node.items()
-                         if isinstance(value, (Mapping, list)))
 
 
 def check_patterns(schema: Mapping[str, Any], where: str, budget: PatternBudget) -> None:
