@@ -32,6 +32,14 @@ every reference under it), ``$dynamicRef``/``$recursiveRef`` (resolved through t
 scope) and a ``$schema`` other than the dialects that use ``$id`` (draft-04's ``id`` rebases
 too). Calls are validated through a :data:`LOCAL_ONLY` registry whose retrieval refuses every
 URI, so even a form the check missed never reaches the network or the disk.
+
+Patterns. A parameters schema's ``pattern``/``patternProperties`` are the client's regular
+expressions, matched against the model's arguments. jsonschema matches them with Python's
+``re``, which backtracks without bound while holding the GIL (``^(a|a)*$`` froze the whole
+server), so calls are validated by :func:`validate_call`, whose validator matches with
+``regex`` under a timeout and releases the GIL; a pattern too slow for the arguments is a
+400 naming it. At parse time :func:`check_patterns` bounds each pattern's length and what the
+request's patterns unroll to when compiled.
 """
 
 from __future__ import annotations
