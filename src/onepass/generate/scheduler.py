@@ -432,8 +432,9 @@ class GenerationScheduler:
         sizes = [_blocks(len(x), block) for x in inputs]
         # enough for the longest input, and for about one step of short ones side by side
         reserved = min(sum(sizes), max(max(sizes), _blocks(self.step_tokens, block)))
-        if reserved > self.capacity:
-            raise ValueError(f"{reserved} rows do not fit the key/value arena ({self.capacity})")
+        if reserved > self.generation_rows:
+            raise ValueError(f"{reserved} rows do not fit the key/value arena's generation "
+                             f"rows ({self.generation_rows})")
         task = _Reading(reader=reader, owners=[next(self._owners) for _ in inputs],
                         reserved=reserved, cancel=cancel)
         task.tables = [[] for _ in inputs]
@@ -513,16 +514,18 @@ class GenerationScheduler:
         self._drop_waiting()
         if self._decisions_waiting:  # a decision waits for rows: generation takes none first
             return
-        while self._readings_waiting:
+        while self._readings_waiting:  # readings take generation rows, never decisions' reserve
             reading = self._readings_waiting[0]
             if reading.cancelled:
                 self._readings_waiting.popleft()
                 self._end_reading(reading, ReadCancelled("the reading was cancelled"))
                 continue
-            if self._reserved + reading.reserved > self.arena.capacity:
+            if (self._generation_reserved + reading.reserved > self.generation_rows
+                    or self._reserved + reading.reserved > self.arena.capacity):
                 break
             self._readings_waiting.popleft()
             self._reserved += reading.reserved
+            self._generation_reserved += reading.reserved
             self._readings.append(reading)
         i = 0
         while i < len(self._waiting) and len(self._active) < self.max_sequences:
@@ -730,6 +733,7 @@ class GenerationScheduler:
         if task in self._readings:
             self._readings.remove(task)
             self._reserved -= task.reserved
+            self._generation_reserved -= task.reserved
             for table in task.tables:
                 if table:
                     self.arena.release(table)

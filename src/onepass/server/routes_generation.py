@@ -200,15 +200,15 @@ def _failure(finish: Finish) -> ApiError | None:
     if finish.reason == "cancelled":
         return ApiError.of("shutting_down", "the server shut down while generating; retry",
                            headers=retry_headers(1.0))
-    if finish.reason == "error":
-        log.error("generation failed", exc_info=finish.error)
-        return ApiError.of("internal_error", "generation failed; it has been logged with "
-                           "this request id")
     if finish.reason == "error" and isinstance(finish.error, GrammarError):
         # the request's own grammar met a parser limit mid-sequence: its fault, a 400
         field = finish.error.field or "response_format"
         return ApiError.of("invalid_request_error", f"{field}: the grammar cannot be followed "
                            f"while generating ({finish.error})", field=field)
+    if finish.reason == "error":
+        log.error("generation failed", exc_info=finish.error)
+        return ApiError.of("internal_error", "generation failed; it has been logged with "
+                           "this request id")
     return None
 
 
