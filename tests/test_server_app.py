@@ -297,14 +297,39 @@ def test_access_log_has_one_structured_line_per_request(client, caplog):
         assert key in fields, key
 
 
-def test_concurrent_requests_about_one_state_share_the_prefix(client, engine):
+def test_concurrent_requests_about_one_state_share_the_prefix(client, engine, monkeypatch):
+    """The four requests reach the model's step scheduler together, every time: its thread is
+    held in a step (another request's) until all four wait in its line (an explicit
+    condition, not a race between arrivals and steps). Before the scheduler held back a
+    decision whose prefix another was still computing, all four were admitted in one go and
+    each computed the prefix (4 misses); it passed only when arrivals fell between steps."""
     state = f"Ticket {uuid.uuid4().hex}: the printer on floor 3 is jammed again."
     body = {"state": state, "questions": {
         "hw": {"type": "noul", "instructions": "This is a hardware problem."},
         "prio": {"type": "score", "instructions": "Priority", "criteria": ["low", "high"]}}}
-    before = engine.backend.cache_stats()
-    with ThreadPoolExecutor(4) as pool:
-        responses = list(pool.map(lambda _: client.post("/v1/systemone", json=body), range(4)))
+    steps = engine.generator.scheduler
+    real_step, in_step, gate = engine.backend.step, threading.Event(), threading.Event()
+
+    def held_step(arena, rows):
+        in_step.set()
+        assert gate.wait(30)
+        return real_step(arena, rows)
+
+    monkeypatch.setattr(engine.backend, "step", held_step)
+    with ThreadPoolExecutor(5) as pool:
+        try:
+            other = pool.submit(client.post, "/v1/systemone", json=GOOD)
+            assert in_step.wait(30), "the step scheduler never ran the first request"
+            before = engine.backend.cache_stats()
+            futures = [pool.submit(client.post, "/v1/systemone", json=body) for _ in range(4)]
+            deadline = time.monotonic() + 30
+            while steps.decisions_waiting < 4:
+                assert time.monotonic() < deadline, "the four requests never reached the model"
+                time.sleep(0.01)
+        finally:
+            gate.set()
+        responses = [f.result() for f in futures]
+        assert other.result().status_code == 200
     after = engine.backend.cache_stats()
     assert [r.status_code for r in responses] == [200] * 4
     computed = (after.misses - before.misses) + (after.partial_hits - before.partial_hits)

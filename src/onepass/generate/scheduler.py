@@ -500,19 +500,28 @@ class GenerationScheduler:
 
     def _admit(self) -> None:
         """Move waiting work in (first come, first served) while slots and rows last:
-        decisions first (one short step each), then readings, then generation sequences."""
+        decisions first (one short step each), then readings, then generation sequences.
+        A decision whose prefix starts with one a running decision is still computing waits
+        until it is stored, then loads it (concurrent requests about one state compute it
+        once, however their arrivals fall between steps)."""
+        held: list[_Decision] = []
         while self._decisions_waiting:
             task = self._decisions_waiting[0]
             if self._reserved + task.reserved > self.arena.capacity:
                 break
             self._decisions_waiting.popleft()
+            if any(d.computed < len(d.prefix) and task.prefix[:len(d.prefix)] == d.prefix
+                   for d in self._decisions):
+                held.append(task)
+                continue
             self._reserved += task.reserved
             self._decisions.append(task)
             task.cached = task.computed = self.backend.load_prefix(
                 self.arena, task.table, task.owner, task.prefix, keep_last=False
             )
+        self._decisions_waiting.extendleft(reversed(held))
         self._drop_waiting()
-        if self._decisions_waiting:  # a decision waits for rows: generation takes none first
+        if len(self._decisions_waiting) > len(held):  # one waits for rows: generation waits
             return
         while self._readings_waiting:  # readings take generation rows, never decisions' reserve
             reading = self._readings_waiting[0]
