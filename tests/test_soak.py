@@ -27,8 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.server_process import serve_process
+from server_process import serve_process
 
 pytestmark = pytest.mark.slow
 
