@@ -44,6 +44,17 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One real `onepass serve` (embedded model, default settings, one thread) shared by every
+    module that needs the default configuration; a module with other flags starts its own."""
+    from server_process import serve
+
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    with serve(["--threads", "1", "--log-level", "info"], log_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def probe_reference(engine, data_dir):
     """The 100 probe requests and the float32 engine's answers: the reference every quantized
     variant is compared with, computed once per run."""

@@ -248,16 +248,6 @@ def test_a_grammar_fault_mid_sequence_ends_only_its_own_sequence(engine):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One `onepass serve` (embedded model) for the module."""
-    from server_process import serve
-
-    log_path = tmp_path_factory.mktemp("hostile") / "server.log"
-    with serve(["--threads", "1", "--log-level", "info"], log_path) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def model(server):
     return httpx.get(server + "/v1/models", timeout=30).json()["data"][0]["id"]
 

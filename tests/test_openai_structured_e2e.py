@@ -30,16 +30,6 @@ PERSON_FORMAT = {"type": "json_schema", "json_schema": {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One `onepass serve` for the module; its URL once /health says ready."""
-    from server_process import serve
-
-    log_path = tmp_path_factory.mktemp("structured") / "server.log"
-    with serve(["--threads", "1", "--log-level", "info"], log_path) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120, max_retries=0)
 

@@ -211,15 +211,6 @@ def test_forced_call_wrapper_keeps_local_pointers_valid():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from server_process import serve
-
-    log_path = tmp_path_factory.mktemp("tools_refs") / "server.log"
-    with serve(["--threads", "1", "--log-level", "info"], log_path) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def model(server):
     return httpx.get(server + "/v1/models", timeout=30).json()["data"][0]["id"]
 
