@@ -61,14 +61,24 @@ def running(proc: subprocess.Popen, log_path: Path, ready: Callable[[], bool], *
         deadline = time.monotonic() + seconds
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited early:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"{what} exited early ({describe_exit(proc.returncode)}):"
+                                   f"\n{log_path.read_text()[-3000:]}")
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 if ready():
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} not ready:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield
+        try:
+            yield
+        except Exception as exc:  # a process that died under the test (a native crash): say so
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(2)  # a connection reset can arrive before the process is gone
+            if proc.returncode is None or proc.returncode == 0:
+                raise
+            raise RuntimeError(f"{what} was {describe_exit(proc.returncode)} during the test "
+                               f"({type(exc).__name__}: {exc}); its log ends:\n"
+                               f"{log_path.read_text()[-3000:]}") from exc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -76,6 +86,15 @@ def running(proc: subprocess.Popen, log_path: Path, ready: Callable[[], bool], *
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def describe_exit(code: int) -> str:
+    """``killed by SIGSEGV`` for a negative return code, ``exit status N`` otherwise."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 def llama_server_binary() -> Path | None:
