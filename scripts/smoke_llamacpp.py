@@ -48,13 +48,13 @@ print(json.dumps({"text": out["choices"][0]["text"], "tokens": out["usage"]["com
 
 
 def describe_exit(code: int) -> str:
-    """``killed by SIGSEGV`` for a negative return code, ``exit status N`` otherwise."""
+    """``was killed by SIGSEGV`` for a negative return code, ``exited with status N`` else."""
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit status {code}"
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def tail(text: str, lines: int = 12) -> str:
@@ -86,7 +86,7 @@ def check_python(model: Path, timeout: float) -> tuple[bool, str]:
         return False, (f"no answer within {timeout:.0f} s; output ends: "
                        f"{tail(str(exc.stderr or ''))}")
     if done.returncode != 0:
-        return False, (f"the decode process was {describe_exit(done.returncode)}; its output "
+        return False, (f"the decode process {describe_exit(done.returncode)}; its output "
                        f"ends: {tail(done.stderr + done.stdout)}")
     try:
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -131,7 +131,7 @@ def check_server(model: Path, timeout: float) -> tuple[bool, str]:
             deadline = time.monotonic() + timeout
             while True:  # /health answers 503 while loading, 200 once the model is ready
                 if proc.poll() is not None:
-                    return False, (f"llama-server was {describe_exit(proc.returncode)} before "
+                    return False, (f"llama-server {describe_exit(proc.returncode)} before "
                                    f"it was ready; its log ends: {output()}")
                 try:
                     with urllib.request.urlopen(url + "/health", timeout=2) as response:
@@ -148,7 +148,7 @@ def check_server(model: Path, timeout: float) -> tuple[bool, str]:
                                                      "temperature": 0.0}, timeout)
             except OSError as exc:
                 time.sleep(0.5)  # a crash: let the process finish dying so its status shows
-                state = ("was " + describe_exit(proc.returncode) if proc.poll() is not None
+                state = (describe_exit(proc.returncode) if proc.poll() is not None
                          else "is still running")
                 return False, (f"/completion failed ({exc}); llama-server {state}; its log "
                                f"ends: {output()}")

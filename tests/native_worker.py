@@ -115,7 +115,7 @@ class NativeWorker:
             status, reply = self.conn.recv()
         except (EOFError, OSError):
             code = self._reap()
-            pytest.fail(f"{self.what} was {describe_exit(code)} during {doing}; its output "
+            pytest.fail(f"{self.what} {describe_exit(code)} during {doing}; its output "
                         f"ends:\n{self._tail()}", pytrace=False)
         if status == "error":
             exc, text = reply

