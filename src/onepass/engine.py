@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass import prompt as P
-from onepass.backends.base import Backend
+from onepass.backends.base import Backend, fewest_tokens
 from onepass.contract import (
     DEBIAS_MODES,
     ChoiceAnswer,
@@ -318,7 +318,9 @@ class DecisionEngine:
     ) -> None:
         """Refuse a prompt over ``max_input_tokens`` before the work that scales with it.
 
-        The prefix and each suffix are tokenized once, so this costs time proportional to the
+        A prompt whose length alone proves it over the limit
+        (:func:`~onepass.backends.base.fewest_tokens`) is refused untokenized. Otherwise the
+        prefix and each suffix are tokenized once, so this costs time proportional to the
         input; only when their count is over the limit is the longest prompt tokenized whole,
         once, for the exact number (a token can merge across a joint). A count within the
         limit by a joint's merge is caught by :meth:`score_positions`. ``joined``: the
@@ -327,6 +329,11 @@ class DecisionEngine:
         """
         if not suffixes:
             return
+        tail = "".join(suffixes) if joined else max(suffixes, key=len)
+        fewest = fewest_tokens(self.backend, prefix_text + tail)  # over: refused unencoded
+        if fewest > self.max_input_tokens:
+            when = " before any answer is written back" if joined else ""
+            raise self._too_long(f"at least {fewest}", limit_field, when)
         sizes = [len(self.backend.encode(s, bos=False)) for s in suffixes]
         longest = max(range(len(sizes)), key=sizes.__getitem__)
         added = sum(sizes) if joined else sizes[longest]
@@ -338,7 +345,7 @@ class DecisionEngine:
             when = " before any answer is written back" if joined else ""
             raise self._too_long(n, limit_field, when)
 
-    def _too_long(self, n: int, limit_field: str, when: str = "") -> ContractError:
+    def _too_long(self, n: int | str, limit_field: str, when: str = "") -> ContractError:
         return ContractError(
             limit_field,
             f"the prompt has {n} tokens{when}, over the limit of {self.max_input_tokens} "

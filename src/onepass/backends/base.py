@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from onepass.cache import CacheStats
 
@@ -29,6 +29,54 @@ def has_work(suffixes: Sequence[Sequence[int]], candidates: Sequence[Sequence[in
     if any(len(s) == 0 for s in suffixes):
         raise ValueError("every suffix needs at least one token")
     return bool(suffixes)
+
+
+@dataclass(frozen=True)
+class ByteBound:
+    """How a byte-level tokenizer covers its input: every byte it keeps lands in exactly one
+    token, and one token stands for at most ``longest`` bytes; ``dropped`` are the bytes it
+    silently drops (not in its vocabulary: SmolLM2 drops 0x04, say). So a text of ``k`` kept
+    bytes encodes to at least ``ceil(k / longest)`` tokens, a bound found without encoding."""
+
+    longest: int
+    dropped: bytes
+
+    def fewest_tokens(self, text: str) -> int:
+        kept = len(text.encode("utf-8", "surrogatepass").translate(None, self.dropped))
+        return -(-kept // self.longest)
+
+
+def byte_bound(tokenizer: Any) -> ByteBound | None:
+    """The :class:`ByteBound` of a transformers tokenizer when it is a byte-level BPE with no
+    normalizer (nothing rewritten) and no added token that strips whitespace around it; None
+    otherwise (no sound bound: such prompts are tokenized whole)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None:
+        return None
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    pre = backend.pre_tokenizer
+    parts = list(getattr(pre, "pretokenizers", None) or [pre])  # a Sequence holds several
+    if not isinstance(backend.model, models.BPE) or not any(
+            isinstance(p, pre_tokenizers.ByteLevel) for p in parts):
+        return None
+    added = list(tokenizer.added_tokens_decoder.values())
+    if any(t.lstrip or t.rstrip for t in added):
+        return None
+    vocab = backend.get_vocab(with_added_tokens=False)
+    dropped = bytes(b for b, c in bytes_to_unicode().items() if c not in vocab)
+    byte_level = decoders.ByteLevel()
+    longest = max(len(byte_level.decode([t]).encode("utf-8", "surrogatepass")) for t in vocab)
+    return ByteBound(max([longest, *(len(t.content.encode("utf-8")) for t in added)]), dropped)
+
+
+def fewest_tokens(backend: Any, text: str) -> int:
+    """A lower bound on the tokens ``text`` encodes to (0 when the backend's tokenizer has no
+    :class:`ByteBound`): a prompt whose bound is over the input limit is refused before it is
+    tokenized (a 1.5 MB prompt took seconds to tokenize only to be refused)."""
+    bound = getattr(backend, "byte_bound", None)
+    return bound.fewest_tokens(text) if bound is not None else 0
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from onepass.backends import packed_attention
-from onepass.backends.base import ScoreResult, has_work
+from onepass.backends.base import ScoreResult, byte_bound, has_work
 from onepass.backends.kv_arena import ArenaCache, KVArena
 from onepass.backends.packed_attention import Segment, Segments
 from onepass.cache import CacheStats, PrefixCache
@@ -120,6 +120,7 @@ class TorchBackend:
         probe = tokenizer("a", add_special_tokens=True)["input_ids"]
         bos = tokenizer.bos_token_id
         self.bos_id = bos if bos is not None and probe and probe[0] == bos else None
+        self.byte_bound = byte_bound(tokenizer)  # a prompt certainly over the limit: no encode
         self.max_packed_tokens = max_packed_tokens
         # On a miss the uncached prefix joins the first packed forward (one weight pass
         # instead of two) while the attention that wastes, prefix rows x suffix keys, stays

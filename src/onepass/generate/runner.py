@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from onepass.backends.base import fewest_tokens
 from onepass.contract import ContractError
 from onepass.generate.chat import normalize_messages, plain_transcript
 from onepass.generate.sampling import SamplingParams, check_vocab
@@ -82,15 +83,32 @@ class TextGenerator:
                 raise ContractError(
                     field, f"the model's chat template refused these messages: {exc}"
                 ) from None
-            return self.backend.encode(text, bos=not _starts_with_bos(self.backend, text))
-        return self.backend.encode(plain_transcript(normalized))
+            return self.encode_prompt(text, field, bos=not _starts_with_bos(self.backend, text))
+        return self.encode_prompt(plain_transcript(normalized), field)
+
+    def encode_prompt(self, text: str, field: str, *, bos: bool = True) -> list[int]:
+        """Token ids of a prompt's text; one whose length alone proves it over
+        ``max_input_tokens`` (:func:`~onepass.backends.base.fewest_tokens`) is refused
+        before it is tokenized, so a 2 MB prompt costs milliseconds, not seconds."""
+        fewest = fewest_tokens(self.backend, text)
+        if fewest > self.max_input_tokens:
+            raise self._too_long(f"at least {fewest}", field)
+        return self.backend.encode(text, bos=bos)
+
+    def _too_long(self, tokens: int | str, field: str) -> ContractError:
+        return ContractError(
+            field,
+            f"the prompt has {tokens} tokens, over the limit of {self.max_input_tokens} "
+            "(max_input_tokens); nothing is truncated",
+            kind="max_tokens_exceeded",
+        )
 
     def text_prompt(self, prompt: Any, field: str = "prompt") -> list[int]:
         """A completions prompt: a string, or token ids checked against the vocabulary."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ContractError(field, "expected a non-empty string or token ids")
-            return self.backend.encode(prompt)
+            return self.encode_prompt(prompt, field)
         if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -110,12 +128,7 @@ class TextGenerator:
         """The output limit this prompt gets: the requested one if it fits the context, else
         a 400; the model default (capped by the room left) when none was asked for."""
         if prompt_tokens > self.max_input_tokens:
-            raise ContractError(
-                prompt_field,
-                f"the prompt has {prompt_tokens} tokens, over the limit of "
-                f"{self.max_input_tokens} (max_input_tokens); nothing is truncated",
-                kind="max_tokens_exceeded",
-            )
+            raise self._too_long(prompt_tokens, prompt_field)
         room = self.context_length - prompt_tokens
         if room < 1:
             raise ContractError(
