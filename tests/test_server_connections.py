@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-from server_process import serve
+from server_process import live_latency, serve
 
 HEADER_TIMEOUT = 1.0
 MAX_CONNECTIONS = 16
@@ -115,28 +114,12 @@ def _tools_body(invalid_last: bool) -> str:
 def test_validating_a_big_tools_body_does_not_block_the_event_loop(server):
     body = _tools_body(invalid_last=True)
     assert len(body) > 1_400_000
-    worst, stop = [0.0], threading.Event()
-
-    def poll() -> None:
-        with httpx.Client(timeout=60) as c:
-            while not stop.is_set():
-                start = time.monotonic()
-                assert c.get(server + "/health/live").status_code == 200
-                worst[0] = max(worst[0], time.monotonic() - start)
-                time.sleep(0.02)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        time.sleep(0.3)
+    with live_latency(server) as worst:
         start = time.monotonic()
         r = httpx.post(server + "/v1/chat/completions", content=body, timeout=120,
                        headers={"authorization": f"Bearer {KEY}",
                                 "content-type": "application/json"})
         took = time.monotonic() - start
-    finally:
-        stop.set()
-        poller.join()
     print(f"1.5 MB tools body refused in {took:.2f} s; /health/live worst {worst[0]:.3f} s")
     assert r.status_code == 400, r.text[:300]
     assert r.json()["error"]["field"] == "tools[119].function.parameters", r.text[:300]

@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from onepass.contract import (
     DEFAULT_MODEL_ALIAS,
     ContractError,
+    DecisionRequest,
     SystemOneRequestModel,
     SystemOneResponseModel,
     parse_request,
@@ -270,28 +271,39 @@ def create_app(
     )
     async def systemone(request: Request) -> Response:
         rt.require_engine()  # ready (or a 503) before the body is read
-        raw = await read_json(request, settings)
         fields = log_fields(request)
-        try:
+
+        def check(raw: Any) -> tuple[DecisionRequest, Any]:
             parsed = parse_request(raw)
-        except ContractError as exc:
-            raise from_contract(exc, raw) from None
-        engine = rt.engine_for(parsed.model)  # an unknown model: 404 before any work
-        fields["model"] = parsed.model or engine.served_name
-        fields["questions"] = len(parsed.questions)
-        if len(parsed.questions) > settings.max_questions:
-            raise ApiError.of(
-                "too_many_questions",
-                f"questions: {len(parsed.questions)} questions is over the limit of "
-                f"{settings.max_questions} per request (max_questions); split the request",
-                field="questions",
-            )
-        try:
+            engine = rt.engine_for(parsed.model)  # an unknown model: 404 before any work
+            fields["model"] = parsed.model or engine.served_name
+            fields["questions"] = len(parsed.questions)
+            if len(parsed.questions) > settings.max_questions:
+                raise ApiError.of(
+                    "too_many_questions",
+                    f"questions: {len(parsed.questions)} questions is over the limit of "
+                    f"{settings.max_questions} per request (max_questions); split the request",
+                    field="questions",
+                )
             engine.check_model(parsed.model)
-        except ContractError as exc:
-            raise from_contract(exc, raw) from None
+            return parsed, engine
+
+        raw, (parsed, engine) = await read_json(request, settings, _contract(check))
         result = await _answer(request, lambda: engine.answer(parsed), raw, engine=engine)
         return StrictJSONResponse(result)
+
+    def _contract(check: Callable[[Any], Any], schema: type[BaseModel] = SystemOneRequestModel
+                  ) -> Callable[[Any], tuple[Any, Any]]:
+        """``check`` of a parsed body as ``read_json`` runs it (off the event loop): the body
+        and its result, a contract fault mapped to its status there too (a 422 validates the
+        whole body against ``schema``: CPU that grows with the body)."""
+        def run(raw: Any) -> tuple[Any, Any]:
+            try:
+                return raw, check(raw)
+            except ContractError as exc:
+                raise from_contract(exc, raw, schema) from None
+
+        return run
 
     async def _answer(request: Request, work: Callable[[], Any], raw: Any,
                       schema: type[BaseModel] = SystemOneRequestModel,
@@ -299,8 +311,8 @@ def create_app(
         fields = log_fields(request)
         try:
             result = await rt.run(request, work, engine)
-        except ContractError as exc:
-            raise from_contract(exc, raw, schema) from None
+        except ContractError as exc:  # mapping it may validate the whole body: off the loop
+            raise await asyncio.to_thread(from_contract, exc, raw, schema) from None
         except LabelError as exc:
             raise ApiError(422, f"questions: {exc}", "unprocessable_request",
                            field="questions") from None
@@ -324,15 +336,15 @@ def create_app(
     )
     async def decisions(request: Request) -> Response:
         rt.require_engine()
-        raw = await read_json(request, settings)
-        model = raw.get("model") if isinstance(raw, dict) else None
-        engine = rt.engine_for(model if isinstance(model, str) else None)
-        try:  # validation and compilation (bounded) before anything is queued, off the loop
-            plan = await asyncio.to_thread(
-                parse_decisions, engine, raw, max_fields=settings.max_questions
-            )
-        except ContractError as exc:
-            raise from_contract(exc, raw, DecisionsRequestModel) from None
+
+        def check(raw: Any) -> tuple[Any, Any]:
+            model = raw.get("model") if isinstance(raw, dict) else None
+            engine = rt.engine_for(model if isinstance(model, str) else None)
+            # validation and compilation (bounded) before anything is queued
+            return engine, parse_decisions(engine, raw, max_fields=settings.max_questions)
+
+        raw, (engine, plan) = await read_json(request, settings,
+                                              _contract(check, DecisionsRequestModel))
         fields = log_fields(request)
         fields["model"] = raw.get("model") or engine.served_name
         fields["questions"] = len(plan.compiled.fields)

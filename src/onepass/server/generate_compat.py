@@ -160,26 +160,32 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               "at the end of each prompt, through the prefix cache")
     async def generate(request: Request) -> Response:
         engine = rt.require_engine()
-        body = await read_json(request, settings)
-        prompts, candidates, batch = parse_generate(body)
-        check_size(prompts, candidates, settings)
-        vocab = getattr(engine.backend, "vocab_size", None)
-        for i, p in enumerate(prompts):
-            if len(p) > engine.max_input_tokens:
-                raise _bad(f"input_ids[{i}]" if batch else "input_ids",
-                           f"{len(p)} tokens, over max_input_tokens {engine.max_input_tokens}")
-        for field, lists in (("input_ids", prompts), ("token_ids_logprob", candidates)):
-            for ids in lists:
-                if vocab is not None and max(ids) >= vocab:
-                    raise _bad(field, f"token id {max(ids)} is outside the vocabulary "
-                               f"({vocab} ids)")
-        prefix, suffixes = split_prefix(prompts)
-        tokens = len(prefix) + sum(len(s) for s in suffixes)
-        if tokens > settings.max_generate_tokens:
-            raise _too_large("input_ids", f"the batch has {tokens} tokens to score (its common "
-                             "prefix once, then every rest), over the limit of "
-                             f"{settings.max_generate_tokens} per request "
-                             "(max_generate_tokens); split the batch")
+
+        def check(body: Any) -> tuple[Any, ...]:
+            """Every check of the body (CPU over up to the body cap of ids: off the loop)."""
+            prompts, candidates, batch = parse_generate(body)
+            check_size(prompts, candidates, settings)
+            vocab = getattr(engine.backend, "vocab_size", None)
+            for i, p in enumerate(prompts):
+                if len(p) > engine.max_input_tokens:
+                    raise _bad(f"input_ids[{i}]" if batch else "input_ids", f"{len(p)} tokens, "
+                               f"over max_input_tokens {engine.max_input_tokens}")
+            for field, lists in (("input_ids", prompts), ("token_ids_logprob", candidates)):
+                for ids in lists:
+                    if vocab is not None and max(ids) >= vocab:
+                        raise _bad(field, f"token id {max(ids)} is outside the vocabulary "
+                                   f"({vocab} ids)")
+            prefix, suffixes = split_prefix(prompts)
+            tokens = len(prefix) + sum(len(s) for s in suffixes)
+            if tokens > settings.max_generate_tokens:
+                raise _too_large("input_ids", f"the batch has {tokens} tokens to score (its "
+                                 "common prefix once, then every rest), over the limit of "
+                                 f"{settings.max_generate_tokens} per request "
+                                 "(max_generate_tokens); split the batch")
+            return body, prompts, candidates, batch, prefix, suffixes
+
+        body, prompts, candidates, batch, prefix, suffixes = await read_json(
+            request, settings, check)
 
         def work() -> Any:
             return (engine.scorer or engine.backend.score)(prefix, suffixes, candidates)

@@ -290,7 +290,7 @@ def tool_prompt(gen: Any, messages: list[dict[str, Any]], tools: T.ToolSpec | No
         except Exception as exc:  # the template's own refusal
             raise ContractError(field, f"the model's chat template refused these messages: "
                                 f"{exc}") from None
-        return backend.encode(text, bos=not _starts_with_bos(backend, text)), \
+        return gen.encode_prompt(text, field, bos=not _starts_with_bos(backend, text)), \
             T.native_format(template)
     return gen.chat_prompt(T.portable_messages(messages, tools), field), "hermes"
 
@@ -429,8 +429,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               summary="OpenAI Chat Completions (text), streaming with stream: true")
     @_openai_errors
     async def chat_completions(request: Request) -> Response:
-        raw = await read_json(request, settings)
-        req = await asyncio.to_thread(W.parse_chat, raw)  # CPU per body: off the loop
+        req = await read_json(request, settings, W.parse_chat)  # parsed off the event loop
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
@@ -505,8 +504,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               "and logprobs scores the prompt")
     @_openai_errors
     async def completions(request: Request) -> Response:
-        raw = await read_json(request, settings)
-        req = await asyncio.to_thread(W.parse_completion, raw)
+        req = await read_json(request, settings, W.parse_completion)
         engine, model = resolve(req.model)
         grammar = await compile_grammar(engine, req.grammar)
         gen, backend = engine.generator, engine.backend
@@ -624,8 +622,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               "previous_response_id")
     @_openai_errors
     async def responses(request: Request) -> Response:
-        raw = await read_json(request, settings)
-        req = await asyncio.to_thread(W.parse_responses, raw)
+        req = await read_json(request, settings, W.parse_responses)
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
@@ -760,8 +757,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def embeddings(request: Request) -> Response:
         rt.require_engine(task=None)  # ready (or a 503) before the body is read
-        raw = await read_json(request, settings)
-        req = await asyncio.to_thread(W.parse_embeddings, raw)
+        req = await read_json(request, settings, W.parse_embeddings)
         # without a model: the first embedding model, else the default decoder
         engine = rt.engine_for(req.model, task="embedding")
         model, backend = engine.served_name, engine.backend

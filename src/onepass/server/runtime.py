@@ -4,6 +4,7 @@ queue in front of it, metrics, and the bookkeeping of a graceful drain."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -124,6 +125,10 @@ class Runtime:
         if total:
             self.metrics.weight_bytes.set(total)
         self.engines = {e.served_name: e for e in engines}
+        # the loaded models' objects never become garbage: out of the collector's sight, a
+        # full collection walks only what requests made (it walked them all: 0.25-0.45 s
+        # with every thread stopped, /health/live too, whenever a big body was parsed)
+        gc.freeze()
 
     def start_loading(self) -> None:
         """Load the model on a background thread: the server listens (and /health/live
