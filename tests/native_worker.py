@@ -190,7 +190,8 @@ def require_llamacpp(package: str, module: str) -> None:
     """Skip unless ``module`` (of ``package``) is installed: saying why, from the installer's
     record when it built one and removed it; under ``CI=true`` that is a failure instead, when
     the installer expected the build to work on this CPU."""
-    if importlib.util.find_spec(module) is not None:  # found, not imported: no native code ran
+    spec = importlib.util.find_spec(module)  # found, not imported: no native code ran
+    if spec is not None and spec.origin is not None:  # (not a folder left by an uninstall)
         return
     try:
         entry = json.loads(INSTALL_RECORD.read_text()).get(package)
