@@ -159,3 +159,29 @@ def test_arena_blocks_are_reused_lowest_first():
     with pytest.raises(MemoryError):
         arena.grow(c, 65)
     assert arena.slots([3, 1], 14, 4).tolist() == [62, 63, 16, 17]
+
+
+def test_many_suffixes_of_a_long_prefix_fit_their_reservation(engine):
+    """A decision suffix's rows start at the block its first position falls in (its prefix is
+    read through the parent's table). Before, each suffix's block table grew over the prefix's
+    positions too: 512 one-token suffixes of a 1,000-token prefix asked for 516k rows of a 64k
+    arena, and the step failed (a 500 on a legal /generate batch, and every other request in
+    that step with it). Now they fit what was reserved and equal the packed fast path."""
+    from onepass.generate.scheduler import GenerationScheduler
+
+    backend = engine.backend
+    scheduler = GenerationScheduler(backend, arena_rows=16384)
+    prefix = backend.encode("The ticket says: " + "my parcel is late again. " * 200)[:1000]
+    assert len(prefix) == 1000
+    ids = backend.encode(" yes no maybe", bos=False)
+    suffixes = [[ids[i % len(ids)]] for i in range(512)]
+    candidates = [ids[:2]] * 512
+    try:
+        got = scheduler.score(prefix, suffixes, candidates).logits
+        assert scheduler.arena.free_rows == scheduler.arena.capacity  # every row released
+    finally:
+        scheduler.close()
+    want = backend.score(prefix, suffixes, candidates).logits
+    for g, w in zip(got, want):
+        assert torch.allclose(torch.as_tensor(g).softmax(-1), torch.as_tensor(w).softmax(-1),
+                              atol=1e-4)

@@ -25,6 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 BLOCK = 16
 FREE = -1
+HOLE = -1  # a block-table entry with no block behind it: positions its owner never writes
 
 
 class KVArena:
@@ -48,8 +49,13 @@ class KVArena:
     def free_rows(self) -> int:
         return len(self._free) * self.block
 
-    def grow(self, table: list[int], length: int) -> None:
-        """Append blocks to ``table`` until it holds ``length`` positions."""
+    def grow(self, table: list[int], length: int, *, holes_below: int = 0) -> None:
+        """Append blocks to ``table`` until it holds ``length`` positions. A new table's
+        entries for the blocks wholly below ``holes_below`` are holes: a decision suffix
+        writes from its prefix's length on and reads the prefix through its parent's table,
+        so 512 one-token suffixes of a 1,000-token prefix take 512 blocks, not 32,768."""
+        if not table:
+            table.extend([HOLE] * (holes_below // self.block))
         while len(table) * self.block < length:
             if not self._free:
                 raise MemoryError("the key/value arena is full")
@@ -57,13 +63,15 @@ class KVArena:
 
     def release(self, table: list[int]) -> None:
         for b in table:
+            if b == HOLE:
+                continue
             self.owner[b * self.block : (b + 1) * self.block] = FREE
             heapq.heappush(self._free, b)
         table.clear()
 
     def block_rows(self, table: Sequence[int]) -> torch.Tensor:
-        """Every arena row of the blocks in ``table``."""
-        blocks = torch.tensor(list(table), dtype=torch.long)
+        """Every arena row of the blocks in ``table`` (holes have none)."""
+        blocks = torch.tensor([b for b in table if b != HOLE], dtype=torch.long)
         return (blocks[:, None] * self.block + torch.arange(self.block)).flatten()
 
     def slots(self, table: Sequence[int], start: int, count: int) -> torch.Tensor:

@@ -547,8 +547,9 @@ class TorchBackend:
             positions = torch.cat([torch.arange(r.start, r.start + len(r.tokens)) for r in rows])
             owners = per_token(lambda r: r.owner)
             parents = per_token(lambda r: r.owner if r.parent is None else r.parent)
-            for r in rows:
-                arena.grow(r.table, r.start + len(r.tokens))
+            for r in rows:  # a decision suffix's own blocks start where its prefix ends
+                arena.grow(r.table, r.start + len(r.tokens),
+                           holes_below=r.start if r.parent is not None else 0)
             slots = torch.cat([arena.slots(r.table, r.start, len(r.tokens)) for r in rows])
             arena.claim(slots, owners, positions)
             # only rows of this step's owners (and parents) matter: the span ends at their

@@ -391,7 +391,9 @@ class GenerationScheduler:
         if not has_work(suffixes, candidates):
             return ScoreResult([], 0)
         block = self.arena.block
-        reserved = _blocks(len(prefix), block) + sum(_blocks(len(x), block) for x in suffixes)
+        start = len(prefix)  # each suffix's rows, from the block its first position falls in
+        reserved = _blocks(start, block) + block * sum(
+            (start + len(x) - 1) // block - start // block + 1 for x in suffixes)
         if reserved > self.capacity:
             raise ValueError(f"{reserved} rows do not fit the key/value arena ({self.capacity})")
         task = _Decision(
