@@ -8,6 +8,7 @@ work, and a value the token bound cuts is refused, never returned.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -232,17 +233,13 @@ def test_decisions_route_enforces_constraints_and_refuses_with_400(engine):
 
 @pytest.fixture(scope="module")
 def gguf_engine():
-    pytest.importorskip("llama_cpp", reason="pip install 'onepass[gguf]'")
-    import os
+    """llama.cpp's engine in a child process (a native crash fails one test, not the run),
+    behind a proxy: its answers come back as values."""
+    from native_worker import llamacpp_worker
 
-    from onepass.backends.llamacpp import LlamaCppBackend, gguf_path
-    from onepass.engine import DecisionEngine
-
-    path, name = gguf_path(None)
-    backend = LlamaCppBackend(path, name=name, n_ctx=4096,
-                              n_threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
-    yield DecisionEngine(backend)
-    backend.close()
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    with llamacpp_worker(n_ctx=4096, n_threads=threads) as worker:
+        yield worker.proxy("engine")
 
 
 @pytest.mark.parametrize("mode", ["sequential", "batch"])
@@ -251,7 +248,10 @@ def test_llamacpp_backend_generates_under_the_same_constraints(gguf_engine, mode
         "code": STRINGS["properties"]["code"],
         "date": STRINGS["properties"]["date"],
         "total": MIXED["properties"]["total"],
-        "per_item": MIXED["properties"]["per_item"],
+        # a number whose answer ends: per_item (1250 / 3) runs in sixes to the 24-token bound
+        # on the portable llama.cpp build, so whether it completes measured nothing here
+        "items": {"type": "number", "x-open": True, "exclusiveMinimum": 0,
+                  "description": "How many items?"},
     }}
     d = gguf_engine.decide_schema(CONTEXT, schema, mode=mode, max_open_tokens=24)
     check(schema, d.value)

@@ -39,6 +39,15 @@ class ContractError(ValueError):
         self.kind = kind
         super().__init__(f"{field}: {message}" if field else message)
 
+    def __reduce__(self) -> tuple:
+        """Pickled whole (a worker process hands it back as raised): its own fields, not
+        ``args``."""
+        return _contract_error, (self.field, self.message, self.kind)
+
+
+def _contract_error(field: str, message: str, kind: str) -> ContractError:
+    return ContractError(field, message, kind=kind)
+
 
 # --------------------------------------------------------------------------- parsed request
 

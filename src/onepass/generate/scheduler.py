@@ -253,6 +253,16 @@ def _blocks(tokens: int, block: int) -> int:
     return -(-tokens // block) * block
 
 
+def _resolve(future: Future, error: BaseException | None, result: Callable[[], Any]) -> None:
+    """Hand a retired task's result (or its error) to the caller waiting on ``future``, once."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result())
+
+
 class GenerationScheduler:
     """Owns the model's forwards for generation AND decisions (one thread, one arena): every
     step packs decode tokens, decision prefixes/suffixes and prompt chunks into one forward."""
@@ -683,16 +693,8 @@ class GenerationScheduler:
         if task in self._decisions:
             self._decisions.remove(task)
             self._reserved -= task.reserved
-            self.arena.release(task.table)
-            for table in task.suffix_tables:
-                if table:
-                    self.arena.release(table)
-        if task.future.done():
-            return
-        if error is not None:
-            task.future.set_exception(error)
-        else:
-            task.future.set_result([task.results[i] for i in range(len(task.suffixes))])
+            self._release(task.table, *task.suffix_tables)
+        _resolve(task.future, error, lambda: [task.results[i] for i in range(len(task.suffixes))])
 
     def _plan_reading(self, task: _Reading, rows: list, owners: list, budget: int) -> int:
         """Add the reading's next chunks to this step within ``budget`` (inputs in order, a new
@@ -745,15 +747,13 @@ class GenerationScheduler:
             self._readings.remove(task)
             self._reserved -= task.reserved
             self._generation_reserved -= task.reserved
-            for table in task.tables:
-                if table:
-                    self.arena.release(table)
-        if task.future.done():
-            return
-        if error is not None:
-            task.future.set_exception(error)
-        else:
-            task.future.set_result(result)
+            self._release(*task.tables)
+        _resolve(task.future, error, lambda: result)
+
+    def _release(self, *tables: list[int]) -> None:
+        for table in tables:
+            if table:
+                self.arena.release(table)
 
     def _advance(self, seq: _Sequence, logits: Any) -> None:
         """Draw the next token, emit its text, and retire the sequence when it is done."""
