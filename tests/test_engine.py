@@ -324,13 +324,15 @@ def test_decisions_in_shared_steps_attend_per_suffix_and_read_the_naive_numbers(
     taken = []
     plan = backend._segments
     monkeypatch.setattr(backend, "_segments", lambda *a: taken.append(plan(*a)) or taken[-1])
-    state = " ".join(f"Ticket {i}: order {5000 + i} was charged twice." for i in range(15))
+    # many questions over a short state: a dense mask would spend most of its work on suffix
+    # pairs (the arena holds only the rows in use, so a few questions would stay dense)
+    state = " ".join(f"Ticket {i}: order {5000 + i} was charged twice." for i in range(8))
     crowd = {f"q{i}": {"type": "score", "instructions": f"How urgent is ticket {i}?",
-                       "criteria": ["routine", "soon", "today", "now"]} for i in range(8)}
+                       "criteria": ["routine", "soon", "today", "now"]} for i in range(24)}
     request = {"state": state, "questions": crowd}
     backend.cache.clear()
     fast = engine.answer(request)
     segmented = [s for s in taken if s is not None]
-    assert sum(len(s.items) for s in segmented) >= 9  # the prefix, then a row per suffix
+    assert sum(len(s.items) for s in segmented) >= len(crowd)  # the prefix, a row per suffix
     monkeypatch.setattr(engine, "scorer", None)
     assert_same(fast["answers"], engine.answer(request, naive=True)["answers"], tolerance(engine))
