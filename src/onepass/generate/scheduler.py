@@ -412,12 +412,7 @@ class GenerationScheduler:
             suffix_owners=[next(self._owners) for _ in suffixes], reserved=reserved,
         )
         task.suffix_tables = [[] for _ in suffixes]
-        with self._cond:
-            if self._closed:
-                raise SchedulerClosed("the server is shutting down")
-            self._decisions_waiting.append(task)
-            self._cond.notify()
-            self._ensure_thread()
+        self._enqueue(self._decisions_waiting, task)
         from onepass.server.scheduler import wait_for_model  # stdlib only: no server stack
 
         # within the request's deadline (a server job), withdrawn if the model has not taken it
@@ -451,13 +446,17 @@ class GenerationScheduler:
                         reserved=reserved, cancel=cancel)
         task.tables = [[] for _ in inputs]
         task.computed = [0] * len(inputs)
+        self._enqueue(self._readings_waiting, task)
+        return task.future.result()
+
+    def _enqueue(self, line: deque, task: Any) -> None:
+        """Put a decision or reading in its line for the step thread (started on first use)."""
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the server is shutting down")
-            self._readings_waiting.append(task)
+            line.append(task)
             self._cond.notify()
             self._ensure_thread()
-        return task.future.result()
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
