@@ -60,6 +60,9 @@ def test_config_entries_override_the_shared_flags(tmp_path):
     ('[{"model": "a", "backend": "remote", "engine": "tgi", "engine_url": "http://x"}]',
      "[0].engine: backend remote needs"),
     ('[{"model": "a", "backend": "remote", "engine": "vllm"}]', "[0].engine_url"),
+    # a remote engine serves its own weights: the adapter would be recorded, never applied
+    ('[{"model": "a", "backend": "remote", "engine": "vllm", "engine_url": "http://x", '
+     '"adapter": "out/lora"}]', "[0].adapter: backend remote"),
 ])
 def test_bad_configs_name_the_entry_and_key(tmp_path, content, message):
     with pytest.raises(ModelsConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -109,7 +109,12 @@ def apply_adapter(model: Any, path: str | Path) -> Any:
     if is_onepass_adapter(path):
         return merge_adapter(model, path)
     if (path / "adapter_model.safetensors").is_file() or (path / "adapter_model.bin").is_file():
-        from peft import PeftModel
+        try:
+            from peft import PeftModel
+        except ImportError as exc:
+            raise AdapterError(f"{path}: a peft-format adapter needs peft: pip install "
+                               "'onepass[train]' (onepass train's adapter.safetensors loads "
+                               "without it)") from exc
 
         return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     raise AdapterError(

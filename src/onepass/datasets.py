@@ -43,6 +43,12 @@ IN_SCOPE_PROPOSITION = (
 BANKING_QUESTION = "Which intent best describes the customer's message?"
 MEMBERSHIP_PROPOSITION = "The user's request belongs to the domain {domain} ({description})."
 
+# Small subsets in the upstream layout, shipped in the package (data/README.md: origin and
+# licences) so the defaults work from a wheel with no full copy beside it.
+PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
+# the hand-written mixed noul / choice / score cases (a copy of benchmarks/data/handwritten.jsonl)
+HANDWRITTEN_PROBES = PACKAGED_DATA_DIR / "handwritten.jsonl"
+
 
 def _stratified(
     rows: Sequence[tuple[str, str]], limit: int | None, seed: int

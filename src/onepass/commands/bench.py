@@ -52,7 +52,9 @@ def _names(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="bench", help="folder for the report (default bench)")
     env_argument(parser, "--data-dir", default=None,
-                 help="folder with clinc150/ and banking77/ (default: ../shared/data)")
+                 help="folder with clinc150/ and banking77/ (default: "
+                 "$ONEPASS_SHARED_DIR/data, else ../shared/data, else the subsets packaged "
+                 "with onepass)")
     parser.add_argument("--limit", type=positive_int, default=100,
                         help="scored test records per dataset (default 100)")
     parser.add_argument("--fit-limit", type=positive_int, default=100,
@@ -74,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CLINC150 options by name, without their descriptions (a third "
                         "of the prompt: rotations read K suffixes)")
     add_model_arguments(parser)
+
+
+def missing_modules(names: list[str]) -> list[str]:
+    """The modules of ``names`` that cannot be imported here (an extra not installed)."""
+    import importlib.util
+
+    return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if not (config.data_dir / "clinc150").is_dir():
         console.print(f"onepass bench: no datasets at {config.data_dir} (--data-dir)")
+        return 2
+    missing = missing_modules(["jevbench", "uvicorn", "fastapi"]) if domains else []
+    if missing:  # JevBench runs last: say so before the model loads and minutes of scoring
+        console.print(f"onepass bench: JevBench needs {', '.join(missing)}: pip install "
+                      "'onepass[bench]' (or --domains none to skip it)")
         return 2
     with console.status("loading model…"):
         engine = engine_from_args(args)

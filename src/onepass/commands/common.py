@@ -100,10 +100,15 @@ def _integer(text: str, low: int) -> int:
 
 
 def default_data_dir() -> Path:
-    """The shipped datasets: ``$ONEPASS_SHARED_DIR/data``, else ``../shared/data`` beside the
-    checkout."""
-    here = Path(__file__).resolve().parents[3]
-    return Path(os.environ.get("ONEPASS_SHARED_DIR", str(here.parent / "shared"))) / "data"
+    """The datasets a default reads: ``$ONEPASS_SHARED_DIR/data`` when set (the full sets,
+    used as given), else ``../shared/data`` beside the checkout when it holds them, else the
+    small subsets packaged in ``onepass/data`` (what an installed wheel has)."""
+    from onepass.datasets import PACKAGED_DATA_DIR
+
+    if os.environ.get("ONEPASS_SHARED_DIR"):
+        return Path(os.environ["ONEPASS_SHARED_DIR"]) / "data"
+    beside = Path(__file__).resolve().parents[3].parent / "shared" / "data"
+    return beside if (beside / "clinc150").is_dir() else PACKAGED_DATA_DIR
 
 
 def positive_int(text: str) -> int:
@@ -231,10 +236,19 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                  help="llamacpp: CPU threads (default: the cores, at most 8)")
 
 
+# the remote engine runs its own weights: an adapter would be recorded as applied (and a
+# calibration fitted for it accepted) while the answers come from the base
+REMOTE_ADAPTER = ("--adapter needs --backend torch: a remote engine serves its own weights and "
+                  "onepass cannot apply an adapter there (merge it with onepass merge and "
+                  "serve the merged checkpoint from the engine)")
+
+
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``DecisionEngine.from_pretrained`` keywords of the backend group."""
     if getattr(args, "backend", "torch") == "remote" and not (args.engine and args.engine_url):
         raise SystemExit("error: --backend remote needs --engine and --engine-url")
+    if getattr(args, "backend", "torch") == "remote" and getattr(args, "adapter", None):
+        raise SystemExit(f"error: {REMOTE_ADAPTER}")
     return {"backend": getattr(args, "backend", "torch"), "engine": getattr(args, "engine", None),
             "engine_url": getattr(args, "engine_url", None),
             "engine_api_key": getattr(args, "engine_api_key", None) or None,

@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="probe requests the report answers (default 100)")
     parser.add_argument("--data-dir", default=None,
                         help="folder with clinc150/ and banking77/ (default: "
-                        "$ONEPASS_SHARED_DIR/data or ../shared/data)")
+                        "$ONEPASS_SHARED_DIR/data, else ../shared/data, else the subsets "
+                        "packaged with onepass)")
 
 
 DEFAULT_SAMPLES = 32
@@ -79,11 +80,11 @@ DEFAULT_AUTO_KEEP = 16
 
 
 def default_probes(data_dir: Path, limit: int = 100) -> list[dict[str, Any]]:
-    """The probe requests (hand-written cases from the checkout when present, CLINC150 test)."""
-    from onepass.datasets import probe_requests
+    """The probe requests: the hand-written cases (packaged, so a wheel install probes what a
+    checkout does), then CLINC150 test records from ``data_dir``."""
+    from onepass.datasets import HANDWRITTEN_PROBES, probe_requests
 
-    handwritten = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "handwritten.jsonl"
-    return probe_requests(data_dir, handwritten if handwritten.is_file() else None)[:limit]
+    return probe_requests(data_dir, HANDWRITTEN_PROBES)[:limit]
 
 
 def quantize(

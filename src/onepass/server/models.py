@@ -75,6 +75,10 @@ def check_spec(spec: ModelSpec, where: str) -> ModelSpec:
         if spec.engine_url is None:
             raise ModelsConfigError(f"{where}.engine_url: backend remote needs the engine's "
                                     "base URL")
+        if spec.adapter is not None:  # it would be recorded as applied, and silently not be
+            raise ModelsConfigError(f"{where}.adapter: backend remote serves the engine's own "
+                                    "weights and cannot apply an adapter (merge it with "
+                                    "onepass merge and serve the merged checkpoint there)")
     if spec.task == "embedding":  # a sentence encoder: no prompt, no adapter, float32
         if spec.model is None:
             raise ModelsConfigError(f"{where}: task embedding needs the model to load "

@@ -38,8 +38,14 @@ def apply_lora(
     ``last_layers`` > 0 adapts only the last N decoder layers, so the backward pass stops
     there (the frozen layers below run forward only).
     """
-    from peft import LoraConfig, get_peft_model
-    from peft.tuners.lora.layer import Linear as LoraLinear
+    try:
+        from peft import LoraConfig, get_peft_model
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError as exc:
+        from onepass.train.config import ConfigError
+
+        raise ConfigError("method: lora and qlora train with peft, which is not installed: "
+                          "pip install 'onepass[train]'") from exc
 
     from onepass.quant.linear import QuantizedLinear
 
