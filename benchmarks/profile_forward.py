@@ -8,9 +8,6 @@
   of attention (rotary, reshapes, the key/value cache), norms, the MLP's activation, onepass's
   mask building, the candidate readout, and what is left (Python between layers, dispatch);
 * the request's matmul FLOPs over its wall time (unprofiled) as a share of the peak;
-* per-suffix attention (what the backend does when a dense mask would waste over half the
-  attention) against one dense masked attention call, miss and hit, in the engine's packed
-  forward and in the server's shared steps;
 * ``torch.compile`` of the decoder (inductor, dynamic shapes): compile time of the first
   request, the median of later misses/hits against eager, and a request of another shape (a
   recompile or not); kept only if the saving repays the compile within a short session.
@@ -150,34 +147,6 @@ def profile_request(engine, fn, title: str, peak: float, repeats: int) -> None:
           f"inside the linears {inside:.0f} GFLOP/s = {inside / peak:.0%}")
 
 
-def segmented_vs_dense(engine, text, positions, repeats: int) -> None:
-    """Per-suffix attention against one dense masked call, in the engine's own packed forward
-    and inside the server's shared steps (the paged KV arena)."""
-    backend = engine.backend
-
-    def cold():
-        backend.cache.clear()
-        engine.score_positions(text, positions)
-
-    saved = backend.segment_min_pairs
-    for path in ("packed forward", "shared steps (serve)"):
-        if path.startswith("shared"):
-            engine.share_steps()
-        times = {}
-        try:
-            for name, pairs in (("dense", 1 << 62), ("per-suffix", saved)):
-                backend.segment_min_pairs = pairs
-                cold()
-                times[name] = (timed(cold, repeats),
-                               timed(partial(engine.score_positions, text, positions), repeats))
-        finally:
-            backend.segment_min_pairs = saved
-        (dm, dh), (sm, sh) = times["dense"], times["per-suffix"]
-        print(f"\n{path}: per-suffix attention vs one dense masked call: miss {dm / sm:.2f}x "
-              f"faster, hit {dh / sh:.2f}x faster")
-    engine.scorer = None
-
-
 def try_compile(engine, text, positions, other, repeats: int) -> None:
     backend = engine.backend
 
@@ -248,7 +217,6 @@ def main() -> None:
                     "16 questions, hit", peak, args.repeats)
     for handle in handles:
         handle.remove()
-    segmented_vs_dense(engine, text, positions, args.repeats)
     if not args.no_compile:
         try_compile(engine, text, positions, [engine.position(*q) for q in questions(5)],
                     args.repeats)

@@ -265,30 +265,23 @@ def test_split_packing_reads_the_same_numbers(engine):
     assert_same(split["answers"], engine.answer(MIXED)["answers"], tolerance(engine))
 
 
-@pytest.mark.parametrize("budget,pairs,segmented", [
-    (4096, 1 << 40, False), (64, 1 << 40, False), (4096, 0, False),
-    (4096, 1 << 40, True), (64, 1 << 40, True), (4096, 0, True),
-])
-def test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix(engine, budget, pairs,
-                                                                         segmented):
+@pytest.mark.parametrize("budget,pairs", [(4096, 1 << 40), (64, 1 << 40), (4096, 0)])
+def test_a_miss_prefills_inside_the_packed_forward_and_caches_the_prefix(engine, budget, pairs):
     """On a miss the uncached prefix rides in the first packed forward, or gets its own
     forward when prefix + suffixes exceed the packing budget (64) or the merge would waste too
-    much attention (pairs 0); all read the naive numbers and leave the prefix in the cache.
-    ``segmented``: every group attends on its own (what a large request does) instead of one
-    dense masked call."""
+    much attention (pairs 0); all read the naive numbers and leave the prefix in the cache."""
     request = {**MIXED, "state": f"{MIXED['state']} (a state no other test uses: {budget} "
-                                 f"{pairs} {segmented})"}
+                                 f"{pairs})"}
     backend = engine.backend
-    saved = backend.max_packed_tokens, backend.merge_pairs, backend.segment_min_pairs
+    saved = backend.max_packed_tokens, backend.merge_pairs
     try:
         backend.max_packed_tokens, backend.merge_pairs = budget, pairs
-        backend.segment_min_pairs = 0 if segmented else 1 << 60
         before = engine.backend.cache_stats()
         miss = engine.answer(request)
         after = engine.backend.cache_stats()
         hit = engine.answer(request)
     finally:
-        backend.max_packed_tokens, backend.merge_pairs, backend.segment_min_pairs = saved
+        backend.max_packed_tokens, backend.merge_pairs = saved
     assert after.misses + after.partial_hits == before.misses + before.partial_hits + 1
     assert miss["usage"]["cached_tokens"] < hit["usage"]["cached_tokens"]
     assert_same(miss["answers"], engine.answer(request, naive=True)["answers"], tolerance(engine))

@@ -41,9 +41,6 @@ from onepass.quant.linear import to_working_weights, weight_bytes, working_candi
 
 KV = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 MERGE_PAIRS = 32768
-#: Below this many query x key pairs a packed forward keeps one dense masked attention call;
-#: above it (and when more than half the pairs are masked out) each group attends on its own.
-SEGMENT_MIN_PAIRS = 65536
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -127,13 +124,13 @@ class TorchBackend:
         # under this many pairs: past ~32k pairs it cost more than the pass it saved
         # (benchmarks/engine_speed.py, CPU). Quantized weights make a pass ~4x dearer.
         self.merge_pairs = MERGE_PAIRS
-        # sdpa takes a boolean mask (1 byte per entry); eager needs an additive float one
+        # the batch-invariant attention (packed_attention.py) wherever sdpa would run; an
+        # eager model (Gemma 2's capped attention logits) takes dense additive masks
         attention = getattr(model.config, "_attn_implementation", "sdpa")
-        self._bool_mask = attention in ("sdpa", packed_attention.NAME)
-        if attention == "sdpa":  # same kernel, plus per-group attention in packed steps
+        if attention == "sdpa":
             model.set_attn_implementation(packed_attention.NAME)
-        self._segmented = self._bool_mask
-        self.segment_min_pairs = SEGMENT_MIN_PAIRS
+        self._segmented = attention in ("sdpa", packed_attention.NAME)
+        pad_short_rows(model)
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self.quantization: str | None = None
@@ -235,14 +232,23 @@ class TorchBackend:
         self,
         ids: Sequence[int],
         positions: torch.Tensor,
-        past: KV | None,
+        past: KV | DynamicCache | None,
         mask: Any = None,
         segments: Segments | None = None,
+        decode: bool = False,
     ) -> tuple[torch.Tensor, KV]:
-        """One forward over ``ids``: under ``mask``, or, given ``segments``, attention per
-        group (then ``mask`` is None)."""
-        cache = DynamicCache(ddp_cache_data=past) if past else DynamicCache()
-        extra = {"onepass_segments": segments} if segments is not None else {}
+        """One forward over ``ids`` on top of ``past`` (stored key/values, or a cache object
+        that grows in place). On the invariant attention, ``segments`` (default: one causal
+        sequence, ``ids`` following ``past``; ``decode``: one generated token) says which keys
+        each query reads; on an eager model, ``mask`` does."""
+        cache = past if isinstance(past, DynamicCache) else (
+            DynamicCache(ddp_cache_data=past) if past else DynamicCache())
+        extra: dict[str, Any] = {}
+        if self._segmented:
+            if segments is None:
+                keys = torch.arange(cache.get_seq_length() + len(ids))
+                segments = Segments([Segment.causal(0, keys, positions, decode)])
+            extra["onepass_segments"] = segments
         out = self.decoder(
             input_ids=torch.tensor([list(ids)], device=self.device),
             position_ids=positions[None].to(self.device),
@@ -269,35 +275,24 @@ class TorchBackend:
             self.cache.put(prefix, kv)
         return kv
 
-    def _suffix_segments(
-        self, prefix_len: int, lengths: Sequence[int], fresh: int = 0
-    ) -> Segments | None:
-        """Per-group attention for one packed forward: the ``fresh`` prefix tokens attend to
-        the prefix causally, each suffix to the whole prefix and itself. A dense mask would
-        score every suffix against every other suffix's keys only to mask them out (on 16
-        questions over a 650-token state, half the attention's work); None keeps the dense
-        mask where that waste is small."""
+    def _suffix_segments(self, prefix_len: int, lengths: Sequence[int],
+                         fresh: int = 0) -> Segments | None:
+        """Attention groups of one packed forward: the ``fresh`` prefix tokens (not cached
+        yet) attend to the prefix causally, each suffix to the whole prefix and itself, its
+        keys in position order (a suffix's own rows follow the suffixes before it). None on an
+        eager model (a dense mask)."""
         if not self._segmented:
-            return None
-        keys_total = prefix_len + sum(lengths)
-        useful = fresh * prefix_len + sum(n * (prefix_len + n) for n in lengths)
-        if (fresh + sum(lengths)) * keys_total < max(2 * useful, self.segment_min_pairs):
             return None
         prefix_keys = torch.arange(prefix_len)
         items = []
         if fresh:
-            query_pos = torch.arange(prefix_len - fresh, prefix_len)
-            items.append(Segment(0, fresh, prefix_keys, True,
-                                 prefix_keys[None, :] <= query_pos[:, None],
-                                 prefix_keys, query_pos))
+            items.append(Segment.causal(0, prefix_keys, torch.arange(prefix_len - fresh,
+                                                                     prefix_len)))
         lo = fresh
-        for n in lengths:  # key rows: the prefix, then this suffix's own tokens
-            own = torch.arange(n)
-            keys = torch.cat([prefix_keys, prefix_len + lo - fresh + own])
-            allowed = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool),
-                                 torch.ones(n, n, dtype=torch.bool).tril()], dim=1)
-            items.append(Segment(lo, lo + n, keys, lo == fresh, allowed,
-                                 torch.cat([prefix_keys, prefix_len + own]), prefix_len + own))
+        for n in lengths:
+            own = prefix_len + lo - fresh + torch.arange(n)
+            items.append(Segment.causal(lo, torch.cat([prefix_keys, own]),
+                                        prefix_len + torch.arange(n)))
             lo += n
         return Segments(items)
 
@@ -321,26 +316,7 @@ class TorchBackend:
         )
         allowed = torch.cat([torch.ones(len(owner), past, dtype=torch.bool), visible], dim=1)
         key_pos = torch.cat([torch.arange(past), positions])
-        dtype = self.decoder.dtype if hasattr(self.decoder, "dtype") else torch.float32
-
-        def build(window: int | None) -> torch.Tensor:
-            if window is None:
-                ok = allowed
-            else:  # a key is visible while it is less than `window` positions back
-                ok = allowed & (key_pos[None, :] > positions[:, None] - window)
-            if self._bool_mask:
-                return ok[None, None].to(self.device)
-            mask = torch.zeros(ok.shape, dtype=dtype)
-            mask.masked_fill_(~ok, torch.finfo(dtype).min)
-            return mask[None, None].to(self.device)
-
-        if self.layer_types:
-            masks = {
-                kind: build(self.window if kind == "sliding_attention" else None)
-                for kind in set(self.layer_types)
-            }
-            return masks, positions
-        return build(self.window), positions
+        return self._layer_masks(allowed, key_pos, positions), positions
 
     def _head_rows(self, index: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 output-head rows ``index`` (all rows for None); a stored table decodes only
@@ -359,7 +335,7 @@ class TorchBackend:
         out = []
         for row, ids in zip(hidden, candidates):
             index = torch.tensor(list(ids), device=self.device)
-            logits = self._head_rows(index) @ row.float()
+            logits = _dot_rows(self._head_rows(index), row)
             if bias is not None:
                 logits = logits + bias[index].float()
             if self.softcap:
@@ -429,11 +405,12 @@ class TorchBackend:
         Used by tests and benchmarks to prove the fast path reads the same numbers.
         """
         with self._lock:
-            ids = torch.tensor([list(tokens)], device=self.device)
-            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0, -1]
+            hidden = self._forward(tokens, torch.arange(len(tokens)), None)[0][-1]
             # the full vocabulary, projected in float32 like the fast path's candidate rows
             # (in bfloat16 the model's own head would round logits to ~3 digits)
-            row = self._head_rows() @ hidden.float()
+            row = torch.cat([_dot_rows(self._head_rows(torch.arange(lo, min(lo + 8192,
+                                                                      self.vocab_size))),
+                                       hidden) for lo in range(0, self.vocab_size, 8192)])
             bias = getattr(self.lm_head, "bias", None)
             if bias is not None:
                 row = row + bias.float()
@@ -498,8 +475,7 @@ class TorchBackend:
         if not ids:
             raise ValueError("a forward needs at least one token")
         with self._lock:
-            return self.decoder(input_ids=torch.tensor([list(ids)], device=self.device),
-                                use_cache=False).last_hidden_state[0]
+            return self._forward(ids, torch.arange(len(ids)), None)[0]
 
     def new_arena(self, capacity: int) -> KVArena:
         return KVArena(capacity)
@@ -557,17 +533,16 @@ class TorchBackend:
             span = max((max(t) + 1) * arena.block for r in rows for t in (r.table, r.parent_table)
                        if t)
             arena.prepare(span)
-            key_owner, key_pos = arena.owner[:span], arena.position[:span]
-            visible = (key_owner[None, :] == owners[:, None]) | (
-                key_owner[None, :] == parents[:, None]
-            )
-            allowed = visible & (key_pos[None, :] <= positions[:, None])
             extra: dict[str, Any] = {}
-            segments = self._segments(arena, rows, allowed, key_pos, positions)
-            if segments is not None:
-                extra["onepass_segments"] = segments
-                mask = None
-            else:
+            mask = None
+            if self._segmented:
+                extra["onepass_segments"] = self._segments(arena, rows, span)
+            else:  # eager attention: one dense mask over the span
+                key_owner, key_pos = arena.owner[:span], arena.position[:span]
+                visible = (key_owner[None, :] == owners[:, None]) | (
+                    key_owner[None, :] == parents[:, None]
+                )
+                allowed = visible & (key_pos[None, :] <= positions[:, None])
                 mask = self._layer_masks(allowed, key_pos, positions)
             out = self.decoder(
                 input_ids=torch.tensor([ids], device=self.device),
@@ -582,27 +557,26 @@ class TorchBackend:
             return [hidden[e - len(r.tokens):e] if r.every else hidden[e - 1] if r.logits
                     else None for r, e in zip(rows, ends)]
 
-    def _segments(
-        self, arena: KVArena, rows: Sequence[StepRow], allowed: torch.Tensor,
-        key_pos: torch.Tensor, positions: torch.Tensor,
-    ) -> Segments | None:
-        """Per-group attention when dense attention over the packed span would waste most of
-        its work (a prefill-heavy step of unrelated requests); None keeps the dense mask."""
-        if not self._segmented:
-            return None
-        # one group per row: a sequence's tokens, a decision's prefix chunk, or one decision
-        # suffix, which reads its parent's rows and its own (never the other suffixes')
-        bounds = torch.tensor([0] + [len(r.tokens) for r in rows]).cumsum(0).tolist()
-        keys = [torch.cat([arena.block_rows(t) for t in (r.table, r.parent_table) if t]).unique()
-                for r in rows]
-        useful = sum((hi - lo) * len(k) for lo, hi, k in zip(bounds, bounds[1:], keys))
-        if allowed.numel() < max(2 * useful, self.segment_min_pairs):
-            return None
-        return Segments([
-            Segment(lo, hi, k, int(k[-1]) - int(k[0]) + 1 == len(k),
-                    allowed[lo:hi][:, k], key_pos[k], positions[lo:hi])
-            for lo, hi, k in zip(bounds, bounds[1:], keys)
-        ])
+    def _segments(self, arena: KVArena, rows: Sequence[StepRow], span: int) -> Segments:
+        """One group per row (a sequence's tokens, a decision's prefix chunk, or one decision
+        suffix, which reads its parent's rows and its own): the arena rows of positions 0 up
+        to its last token, in position order."""
+        items = []
+        lo = 0
+        for r in rows:
+            end = r.start + len(r.tokens)
+            candidates = torch.cat([arena.block_rows(t) for t in (r.parent_table, r.table) if t])
+            candidates = candidates[candidates < span]
+            owner = arena.owner[candidates]
+            mine = (owner == r.owner) | (owner == (r.owner if r.parent is None else r.parent))
+            found = candidates[mine & (arena.position[candidates] < end)]
+            keys = found[torch.argsort(arena.position[found])]
+            if not torch.equal(arena.position[keys], torch.arange(end)):
+                raise RuntimeError(f"sequence {r.owner}: positions 0..{end - 1} are not all "
+                                   "in the arena")
+            items.append(Segment.causal(lo, keys, torch.arange(r.start, end), r.decode))
+            lo += len(r.tokens)
+        return Segments(items)
 
     @torch.inference_mode()
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -622,15 +596,14 @@ class TorchBackend:
     def _layer_masks(
         self, allowed: torch.Tensor, key_pos: torch.Tensor, query_pos: torch.Tensor
     ) -> Any:
-        """The 4-D mask(s) the decoder takes: one per layer type on mixed-attention models."""
+        """The 4-D additive mask(s) an eager decoder takes: one per layer type on
+        mixed-attention models; a key is visible while less than ``window`` positions back."""
         dtype = self.decoder.dtype if hasattr(self.decoder, "dtype") else torch.float32
 
         def build(window: int | None) -> torch.Tensor:
             ok = allowed if window is None else allowed & (
                 key_pos[None, :] > query_pos[:, None] - window
             )
-            if self._bool_mask:
-                return ok[None, None].to(self.device)
             mask = torch.zeros(ok.shape, dtype=dtype)
             mask.masked_fill_(~ok, torch.finfo(dtype).min)
             return mask[None, None].to(self.device)
@@ -703,13 +676,8 @@ class TorchBackend:
                         break
                 if len(out) == max_new_tokens or (stop is not None and stop(out)):
                     break
-                step = self.decoder(
-                    input_ids=torch.tensor([[token]], device=self.device),
-                    position_ids=torch.tensor([[position]], device=self.device),
-                    cache=past,
-                    use_cache=True,
-                )
-                last = step.last_hidden_state[0, -1]
+                last = self._forward([token], torch.tensor([position]), past,
+                                     decode=True)[0][-1]
         return out, logits, cached
 
     def render_chat_tools(self, messages: list[dict[str, Any]],
@@ -806,6 +774,53 @@ class StepRow:
     parent: int | None = None  # another owner whose rows these queries also see
     parent_table: Sequence[int] = ()
     every: bool = False  # the hidden states of all its tokens (a reading), not the last's
+    decode: bool = False  # the last generated token of a running stream (not a prompt's)
+
+
+def min_rows(dtype: torch.dtype) -> int:
+    """The fewest rows a linear sees: below this the CPU's matmul libraries take another
+    kernel (a matrix-vector product) whose sums round differently, so one token alone would
+    read other bits than the same token beside others (measured on real activations:
+    oneDNN bfloat16 differs at 1 row, MKL float32 at 1-3; every count above agrees)."""
+    return 2 if dtype == torch.bfloat16 else 4
+
+
+def pad_short_rows(model: Any) -> None:
+    """Run every linear of ``model`` on at least :func:`min_rows` rows (a forward of fewer
+    tokens repeats its first row and keeps its own rows' outputs): the row-invariance the
+    batch-invariant attention relies on, for single-stream decoding too (a 2-row product
+    costs what a 1-row one does in bfloat16)."""
+
+    def pad(module: Any, args: tuple) -> tuple | None:
+        x = args[0]
+        rows = x.numel() // x.shape[-1]
+        want = min_rows(x.dtype)
+        if rows == 0 or rows >= want:
+            return None
+        flat = x.reshape(rows, x.shape[-1])
+        module._onepass_rows = (rows, x.shape[:-1])
+        return (torch.cat([flat, flat[:1].expand(want - rows, -1)]), *args[1:])
+
+    def unpad(module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        stashed = module.__dict__.pop("_onepass_rows", None)
+        if stashed is None:
+            return None
+        rows, shape = stashed
+        return out[:rows].reshape(*shape, out.shape[-1])
+
+    for module in model.modules():
+        if type(module).__name__.endswith("Linear") and not getattr(module, "_onepass_padded",
+                                                                     False):
+            module.register_forward_pre_hook(pad)
+            module.register_forward_hook(unpad)
+            module._onepass_padded = True
+
+
+def _dot_rows(rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """``rows @ hidden`` in float32 with one summation order for every row, however many rows
+    are asked for (a BLAS matrix-vector product picks kernels by row count: 1 and 3 candidate
+    rows read other last digits than the full vocabulary does)."""
+    return (rows * hidden.float()).sum(-1)
 
 
 def packing_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:

@@ -602,7 +602,8 @@ class GenerationScheduler:
         for seq in self._active:  # every decoding sequence advances by one token
             if seq.decoding:
                 start = len(seq.prompt) + len(seq.generated) - 1
-                rows.append(StepRow(seq.table, seq.owner, seq.generated[-1:], start))
+                rows.append(StepRow(seq.table, seq.owner, seq.generated[-1:], start,
+                                    decode=True))
                 owners.append(seq)
                 budget -= 1
         for task in self._decisions:  # then decisions: prefix rest, then suffixes
