@@ -136,6 +136,18 @@ def test_greedy_text_is_the_same_alone_on_a_miss_and_on_a_hit_beside_other_strea
     assert [t.id for t in results[-1].tokens] == tokens
 
 
+def test_float32_reads_the_same_bits_too():
+    """Float32 (the default on CPUs without bfloat16 units): MKL's linears on at least 4 rows
+    (its 1-3-row kernels round differently), the same attention."""
+    fp32 = DecisionEngine.from_pretrained(device="cpu", dtype="float32")
+    fp32.backend.cache.clear()
+    alone = probabilities(fp32.answer({"state": STATE, "questions": {"probe": PROBE}}))
+    fp32.backend.cache.clear()
+    among = probabilities(fp32.answer({"state": STATE, "questions": {**CROWD, "probe": PROBE}}))
+    assert among["probe"] == alone["probe"]
+    assert probabilities(fp32.answer(MIXED)) == probabilities(fp32.answer(MIXED, naive=True))
+
+
 @pytest.mark.parametrize("compute", ["int8", "fp8-artifact"])
 def test_int8_and_quantized_weights_keep_the_invariance(compute, tmp_path_factory):
     """``--compute int8`` (per-token int8 activations: integer dot products, exact) and a

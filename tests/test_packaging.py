@@ -216,6 +216,16 @@ def test_backend_options_refuse_an_adapter_for_a_remote_engine():
     assert backend_options(args)["backend"] == "remote"
 
 
+def test_the_library_refuses_an_adapter_for_a_remote_engine():
+    """``DecisionEngine.from_pretrained`` too: before, it recorded the adapter as applied
+    while the engine served its own weights (and so accepted a calibration fitted for it)."""
+    from onepass import DecisionEngine
+
+    with pytest.raises(ValueError, match="--adapter needs --backend torch"):
+        DecisionEngine.from_pretrained(backend="remote", engine="vllm",
+                                       engine_url="http://127.0.0.1:9", adapter="out/a")
+
+
 @pytest.mark.parametrize("command", [
     ["decide", "--input", str(ROOT / "examples" / "requests.jsonl"), "--output", "-"],
     ["generate", "hello"],

@@ -191,6 +191,9 @@ class DecisionEngine:
         elif backend == "remote":
             from onepass.backends.remote import RemoteBackend
 
+            if adapter is not None:
+                raise ValueError("--adapter needs --backend torch: a remote engine serves its "
+                                 "own weights (merge the adapter and serve the merged model)")
             if not engine or not engine_url:
                 raise ValueError("--backend remote needs --engine and --engine-url")
             chosen = RemoteBackend.connect(engine, engine_url, model, api_key=engine_api_key)
