@@ -7,8 +7,9 @@ position order (key ``i`` of a group is position ``i`` of its sequence). Each qu
 then a function of its position, its query vector and its visible keys only, never of what
 else the forward holds: a prefix read from the cache, a suffix among 16 others, a prompt
 prefilled in chunks and a greedy token decoded beside other streams compute bit-identical
-numbers to the same prompt alone on a cold cache (the decoder's linears are row-invariant on
-oneDNN: measured, tests/test_invariance.py).
+numbers to the same prompt alone on a cold cache (the decoder's linears are row-invariant
+from 2 rows on, which backends/torch.py's ``pad_short_rows`` guarantees: measured,
+tests/test_invariance.py).
 
 torch's CPU attention kernel splits queries and keys by sizes that follow the shapes it is
 given, and in bfloat16 rounds each key block's probabilities, so the same query read other
@@ -20,8 +21,9 @@ last bits beside other queries or keys (and, rounded into bfloat16 activations, 
   exactly the keys of positions ``0 .. BLOCK * (p // BLOCK + 1) - 1``; rows of the block this
   forward does not compute are padding, keys past ``p`` are masked (they weigh exactly zero
   whatever they hold);
-* a generated position (``decode``: one token of a running stream) is a one-row query against
-  the keys of positions ``0 .. p``.
+* a generated position (``decode``: one token of a running stream) is row 0 of a
+  :data:`DECODE_ROWS`-row query against the keys of positions ``0 .. p``, their count rounded
+  up to :data:`DECODE_KEYS` (the rest masked).
 
 Blocks with the same key count, from any groups, run as one batched call. Without segments
 (training, calibration) the function is transformers' sdpa attention.
@@ -40,7 +42,6 @@ from transformers.masking_utils import sdpa_mask
 
 NAME = "onepass"
 BLOCK = 32  # query rows per prefill block (below torch's first split-size change, 192)
-PREFILL_KEYS = 32  # a prefill block's key count is a multiple of this (a function of its block)
 DECODE_KEYS = 128  # a generated token's key count: its position + 1, rounded up to this
 DECODE_ROWS = 4  # a generated token is row 0 of this many (one row takes other, slower paths)
 BATCH_KEY_ROWS = 1 << 17  # key rows gathered per call (x kv heads x head dim x 2 tensors)
@@ -128,8 +129,7 @@ def _plan(items: list[Segment]) -> list[_Call]:
             j = i
             while j < len(pos) and first <= pos[j] < first + BLOCK:
                 j += 1
-            shapes.setdefault((BLOCK, _round(first + BLOCK, PREFILL_KEYS)), []).append(
-                (seg, i, j, first))
+            shapes.setdefault((BLOCK, first + BLOCK), []).append((seg, i, j, first))
             i = j
     calls = []
     for (rows, keys), members in sorted(shapes.items(), key=lambda kv: kv[0][1]):

@@ -522,7 +522,6 @@ class TorchBackend:
 
             positions = torch.cat([torch.arange(r.start, r.start + len(r.tokens)) for r in rows])
             owners = per_token(lambda r: r.owner)
-            parents = per_token(lambda r: r.owner if r.parent is None else r.parent)
             for r in rows:  # a decision suffix's own blocks start where its prefix ends
                 arena.grow(r.table, r.start + len(r.tokens),
                            holes_below=r.start if r.parent is not None else 0)
@@ -536,9 +535,10 @@ class TorchBackend:
             extra: dict[str, Any] = {}
             mask = None
             if self._segmented:
-                extra["onepass_segments"] = self._segments(arena, rows, span)
+                extra["onepass_segments"] = self._segments(arena, rows)
             else:  # eager attention: one dense mask over the span
                 key_owner, key_pos = arena.owner[:span], arena.position[:span]
+                parents = per_token(lambda r: r.owner if r.parent is None else r.parent)
                 visible = (key_owner[None, :] == owners[:, None]) | (
                     key_owner[None, :] == parents[:, None]
                 )
@@ -557,7 +557,7 @@ class TorchBackend:
             return [hidden[e - len(r.tokens):e] if r.every else hidden[e - 1] if r.logits
                     else None for r, e in zip(rows, ends)]
 
-    def _segments(self, arena: KVArena, rows: Sequence[StepRow], span: int) -> Segments:
+    def _segments(self, arena: KVArena, rows: Sequence[StepRow]) -> Segments:
         """One group per row (a sequence's tokens, a decision's prefix chunk, or one decision
         suffix, which reads its parent's rows and its own): the arena rows of positions 0 up
         to its last token, in position order."""
@@ -566,7 +566,6 @@ class TorchBackend:
         for r in rows:
             end = r.start + len(r.tokens)
             candidates = torch.cat([arena.block_rows(t) for t in (r.parent_table, r.table) if t])
-            candidates = candidates[candidates < span]
             owner = arena.owner[candidates]
             mine = (owner == r.owner) | (owner == (r.owner if r.parent is None else r.parent))
             found = candidates[mine & (arena.position[candidates] < end)]
