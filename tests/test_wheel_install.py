@@ -213,6 +213,8 @@ def test_quantize_fp4_calibrates_on_the_packaged_data(installed):
     config = json.loads((work / "fp4" / "quantization_config.json").read_text())
     calibration = config["calibration"]
     assert calibration["dataset"] == "shipped" and calibration["method"] != "none", calibration
+    # the default keeps the 16 layers plain rounding hurts most at fp8 (--keep-fp8 auto)
+    assert len(config["layer_schemes"]) == 16, config.get("layer_schemes")
 
 
 def test_the_shared_folder_is_not_beside_the_install(installed):

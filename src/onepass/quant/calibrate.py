@@ -338,8 +338,8 @@ class CalibrationResult:
 
 def parse_keep_fp8(spec: str | None, names: Sequence[str]) -> tuple[list[str], int | None]:
     """``--keep-fp8``: a comma list of decoder linear names (or unique suffixes of one), or
-    ``auto[:k]`` -> (names given, k for auto or None)."""
-    if spec is None or not spec.strip():
+    ``auto[:k]``, or ``none`` -> (names given, k for auto or None)."""
+    if spec is None or not spec.strip() or spec.strip() == "none":
         return [], None
     spec = spec.strip()
     if spec == "auto" or spec.startswith("auto:"):
