@@ -38,12 +38,13 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-import torch
-
 from onepass.contract import ContractError, _describe
+
+if TYPE_CHECKING:  # torch is imported where a mask is built: the server's request models
+    import torch  # compile grammars through this module without loading torch
 
 ENGINE = "llguidance"
 CACHE_ENTRIES = 128
@@ -337,6 +338,8 @@ class Matcher:
         self._engine = engine
         self.info = info
         self.field = field
+        import torch
+
         words = (info.vocab_size + 31) // 32
         self._words = torch.zeros(words, dtype=torch.int32)
 
@@ -357,6 +360,8 @@ class Matcher:
                      device: torch.device | str = "cpu") -> torch.Tensor:
         """Boolean row of ``vocab_size`` (default: the vocabulary): True where the grammar
         allows the next token. EOS is allowed only where the grammar may end."""
+        import torch
+
         n = self.info.vocab_size if vocab_size is None else vocab_size
         words = self._mask_words().to(device, non_blocking=True)
         bits = (words.unsqueeze(1) >> _shifts(words.device)) & 1
@@ -369,6 +374,8 @@ class Matcher:
         """The first highest logit among the tokens allowed next (greedy under the grammar):
         disallowed rows are -inf, so an end token wins only where the grammar may end.
         ``logits``: one row, a tensor or a numpy array (llama.cpp's, read in place)."""
+        import torch
+
         logits = torch.as_tensor(logits)
         mask = self.allowed_mask(logits.shape[-1], device=logits.device)
         return int(torch.argmax(logits.float().masked_fill(~mask, float("-inf"))))
@@ -394,6 +401,8 @@ _SHIFT_CACHE: dict[str, torch.Tensor] = {}
 
 
 def _shifts(device: torch.device) -> torch.Tensor:
+    import torch
+
     key = str(device)
     if key not in _SHIFT_CACHE:
         _SHIFT_CACHE[key] = torch.arange(32, dtype=torch.int32, device=device)
@@ -493,6 +502,8 @@ def _probe(grammar: Grammar, kind: str) -> None:
     token each step): a grammar the parser cannot follow past its start (a rule of over
     2,000 alternatives meets llguidance's row limit at the first token) is refused here, by
     field, instead of failing its sequence mid-step."""
+    import torch
+
     matcher = grammar.matcher()
     eos = [t for t in grammar.info.eos_ids if t < grammar.info.vocab_size]
     try:

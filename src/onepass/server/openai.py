@@ -41,7 +41,7 @@ from typing import Any
 from onepass.contract import ContractError, _describe
 from onepass.generate.chat import ROLES, content_text, normalize_messages
 from onepass.generate.grammar import GrammarSpec, grammar_from_response_format, grammar_request
-from onepass.generate.sampling import MAX_LOGPROBS, SamplingParams
+from onepass.generate.params import MAX_LOGPROBS, SamplingParams
 from onepass.generate.tools import (
     ToolCall,
     ToolSpec,

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from onepass.generate.chat import MAX_MESSAGES, ROLES, TEXT_PARTS
-from onepass.generate.sampling import (
+from onepass.generate.params import (
     _FLOATS,
     _INTS,
     LOGIT_BIAS_RANGE,
