@@ -133,9 +133,7 @@ def test_calibrated_fp4_keeps_the_worst_layers_at_fp8_by_default(tmp_path, data_
     """GPTQ alone agrees with float less than GPTQ with --keep-fp8 auto (the real-model proof
     below), so auto is the default when calibrating: an eighth of the tiny model's 14 linears,
     (which one: the report test below); ``none`` opts out, and plain rounding keeps none."""
-    from onepass.commands.quantize import default_auto_keep
-
-    assert [default_auto_keep(n) for n in (14, 16, 210)] == [1, 2, 16]
+    assert [cal.default_auto_keep(n) for n in (14, 16, 210)] == [1, 2, 16]
     base = tiny_base(tmp_path / "base")
     auto = quantize(str(base), None, "fp4", tmp_path / "auto", calibration_samples=4,
                     data_dir=data_dir)

@@ -82,13 +82,6 @@ DEFAULT_SAMPLES = 32
 DEFAULT_AUTO_KEEP = 16
 
 
-def default_auto_keep(layers: int) -> int:
-    """K for fp4's default ``--keep-fp8 auto``: 16 (on the embedded model's 210 linears, 16
-    ``v_proj`` under 1 MiB bring top-answer agreement from 0.64 to 0.94), at most an eighth of
-    a small model's layers, so fp4 stays mostly fp4."""
-    return max(1, min(DEFAULT_AUTO_KEEP, layers // 8))
-
-
 def default_probes(data_dir: Path, limit: int = 100) -> list[dict[str, Any]]:
     """The probe requests: the hand-written cases (packaged, so a wheel install probes what a
     checkout does), then CLINC150 test records from ``data_dir``."""
@@ -183,7 +176,7 @@ def quantize(
                          "calibration (give --calibration-dataset FILE)")
     calibrating = scheme == "fp4" and dataset != "none"
     if keep_fp8 is None and calibrating:  # the default that delivers: GPTQ alone agrees less
-        auto_keep = default_auto_keep(len(names))
+        auto_keep = cal.default_auto_keep(len(names))
     if auto_keep and not calibrating:
         raise QuantizeError("--keep-fp8 auto needs calibration (it ranks the layers by their "
                             "measured output error): drop --calibration-dataset none")

@@ -18,7 +18,7 @@ Reported log-probabilities are the model's own: `log_softmax` of the raw row bef
 (vLLM's default), so they do not depend on the sampling parameters.
 
 Validation needs no model: `SamplingParams` and `check_vocab` live in the pure `params.py`
-(re-exported here), which the server's request models import without torch.
+(both re-exported here), which the server's request models import without torch.
 """
 
 from __future__ import annotations
@@ -30,19 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from onepass.generate.params import (  # noqa: F401  (re-exported: the sampler's parameters)
-    _FLOATS,
-    _INTS,
-    _U64,
-    LOGIT_BIAS_RANGE,
-    MAX_LOGIT_BIAS,
-    MAX_LOGPROBS,
-    MAX_STOP_CHARS,
-    MAX_STOPS,
-    MIN_TEMPERATURE,
-    SamplingParams,
-    check_vocab,
-)
+from onepass.generate.params import _U64, SamplingParams, check_vocab  # noqa: F401  (re-exported)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

@@ -336,6 +336,14 @@ class CalibrationResult:
                 "keep_fp8": self.keep_fp8, "layer_errors": self.errors}
 
 
+def default_auto_keep(layers: int) -> int:
+    """K for fp4's default ``--keep-fp8 auto`` (when calibrating and no ``--keep-fp8`` is
+    given): 16 (on the embedded model's 210 linears, 16 ``v_proj`` under 1 MiB bring top-answer
+    agreement from 0.64 to 0.94), at most an eighth of a small model's layers, so fp4 stays
+    mostly fp4."""
+    return max(1, min(DEFAULT_AUTO_KEEP, layers // 8))
+
+
 def parse_keep_fp8(spec: str | None, names: Sequence[str]) -> tuple[list[str], int | None]:
     """``--keep-fp8``: a comma list of decoder linear names (or unique suffixes of one), or
     ``auto[:k]``, or ``none`` -> (names given, k for auto or None)."""
