@@ -656,6 +656,39 @@ class DecisionEngine:
         if hasattr(self.backend, "step"):
             self.scorer = self.generator.scheduler.score
 
+    def continuation(
+        self, prompt: Sequence[int], max_tokens: int, *,
+        stop: Callable[[list[int]], bool] | None = None, matcher: Any = None,
+    ) -> tuple[list[int], int]:
+        """The greedy continuation of ``prompt`` (an open field's value): ``(ids, prompt tokens
+        taken from the cache)``. It ends before a special token, after the token that makes
+        ``stop(ids)`` true, when ``matcher`` (a grammar matcher, advanced as it goes) is
+        complete, or at ``max_tokens``.
+
+        With shared steps (the server) it is one more greedy sequence of the model's step
+        scheduler, so it never holds the model while other streams wait; a caller of its own
+        runs the backend's greedy loop. Both read the prompt through the prefix cache and
+        store it."""
+        if self.scorer is None or not hasattr(self.backend, "step"):
+            ids, _, cached = self.backend.generate(prompt, max_tokens, stop=stop,
+                                                   matcher=matcher)
+            return ids, cached
+        if max_tokens <= 0 or (matcher is not None and matcher.done):
+            return [], 0  # nothing may follow the prompt
+        ends = set(self.backend.special_ids) | (set(matcher.info.eos_ids) if matcher else set())
+
+        def until(ids: list[int]) -> bool:
+            return ids[-1] in ends or (stop is not None and stop(ids))
+
+        finish = self.generator.scheduler.complete(prompt, max_tokens, matcher=matcher,
+                                                   until=until)
+        if finish.error is not None:
+            raise finish.error
+        ids = list(finish.token_ids)
+        if ids and ids[-1] in ends:
+            ids.pop()  # ended at a special token: not part of the value
+        return ids, finish.cached_tokens
+
     def generate(
         self, messages: str | Sequence[Mapping[str, Any]], *, system: str | None = None,
         max_tokens: int | None = None, response_format: Any = None, grammar: str | None = None,

@@ -907,7 +907,7 @@ def _generate_string(
             max_length is not None and len(read_json_string(text)) > max_length
         )
 
-    ids, _, cached = backend.generate(prompt, max_tokens, stop=closed)
+    ids, cached = engine.continuation(prompt, max_tokens, stop=closed)
     return read_json_string(backend.decode(ids), max_length), len(prompt), cached, len(ids)
 
 
@@ -999,7 +999,7 @@ def _generate_value(
             )
         matcher = grammar.matcher()
         opener = ""
-    ids, _, cached = backend.generate(prompt, max_tokens, stop=lambda _ids: expired(),
+    ids, cached = engine.continuation(prompt, max_tokens, stop=lambda _ids: expired(),
                                       matcher=matcher)
     complete = matcher.done or (len(ids) < max_tokens and matcher.is_accepting()
                                 and not expired())
@@ -1029,8 +1029,12 @@ def _choose(probabilities: Sequence[float], rng: random.Random | None) -> int:
 def _score_prompt(
     engine: DecisionEngine, tokens: list[int], candidates: list[int]
 ) -> tuple[list[float], int]:
-    """Candidate logits at the end of ``tokens``, leaving all of ``tokens`` in the cache."""
+    """Candidate logits at the end of ``tokens``, leaving ``tokens`` (with shared steps: all
+    but the last) in the cache."""
     backend = engine.backend
+    if engine.scorer is not None:  # the server: one more decision of the shared steps
+        result = engine.scorer(tokens[:-1], [tokens[-1:]], [candidates])
+        return result.logits[0], result.cached_tokens
     if hasattr(backend, "generate"):
         _, logits, cached = backend.generate(tokens, 0, candidates=candidates)
         return logits, cached

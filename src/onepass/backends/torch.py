@@ -433,6 +433,11 @@ class TorchBackend:
         return int(self.lm_head.out_features)
 
     @property
+    def special_ids(self) -> frozenset[int]:
+        """Every special token: a greedy open value ends at the first one (not returned)."""
+        return frozenset(self.tokenizer.all_special_ids)
+
+    @property
     def eos_ids(self) -> frozenset[int]:
         """Tokens that end a generation: the tokenizer's EOS, the generation config's (chat
         models list their end-of-turn token there) and the chat template's end-of-turn."""
@@ -660,7 +665,7 @@ class TorchBackend:
             out: list[int] = []
             if max_new_tokens <= 0:
                 return out, logits, cached
-            ends = set(self.tokenizer.all_special_ids)
+            ends = self.special_ids
             past = DynamicCache(ddp_cache_data=kv)
             last = hidden[-1]
             for position in range(len(tokens), len(tokens) + max_new_tokens):

@@ -101,6 +101,7 @@ class Finish:
     completion_tokens: int
     cached_tokens: int
     error: BaseException | None = None
+    token_ids: tuple[int, ...] = ()  # the generated ids (an EOS that ended it is not one)
 
 
 class GenerationStream:
@@ -112,8 +113,11 @@ class GenerationStream:
         self._wakers: list[Callable[[], None]] = []
         self.cancelled = False
         self.first_token_at: float | None = None
+        self.finished: Future = Future()  # its Finish, for a caller that wants only the end
 
     def push(self, event: Delta | Finish) -> None:
+        if isinstance(event, Finish):
+            _resolve(self.finished, None, lambda: event)
         with self._cond:
             self._events.append(event)
             self._cond.notify_all()
@@ -179,6 +183,7 @@ class _Sequence:
     completion_tokens: int = 0
     matcher: Any = None  # a grammar Matcher (generate/grammar.py): masks every draw
     request: RequestShare | None = None
+    until: Callable[[list[int]], bool] | None = None  # ends it after a token (open fields)
 
     @property
     def decoding(self) -> bool:
@@ -347,14 +352,19 @@ class GenerationScheduler:
         return RequestShare(deadline)
 
     def submit(self, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
-               *, seed_offset: int = 0, grammar: Any = None,
+               *, seed_offset: int = 0, grammar: Any = None, matcher: Any = None,
+               until: Callable[[list[int]], bool] | None = None,
                request: RequestShare | None = None) -> GenerationStream:
         """Queue one sequence; raises :class:`Saturated` instead of queueing without bound.
         ``request`` (from :meth:`share`) groups the sequences of one request; None: its own.
 
         ``grammar`` (a compiled :class:`~onepass.generate.grammar.Grammar`) constrains every
         token; the sequence gets its own matcher and ends with "stop" when the grammar is
-        complete (EOS is allowed only there, whatever ``ignore_eos`` says)."""
+        complete (EOS is allowed only there, whatever ``ignore_eos`` says). ``matcher``: an
+        already advanced matcher instead (the caller reads its state after the Finish).
+        ``until(ids)``, called on the step thread after each token, ends the sequence with
+        "stop" when true (that token kept): a decision's open field ends at its closing quote
+        or its deadline this way."""
         if not prompt:
             raise ValueError("a generation needs at least one prompt token")
         need = len(prompt) + max_tokens
@@ -370,8 +380,8 @@ class GenerationScheduler:
             detok=IncrementalDetokenizer(decode, list(prompt[-4:])),
             stop=StopMatcher(params.stop), generator=make_generator(seed),
             history=TokenHistory(prompt),
-            matcher=None if grammar is None else grammar.matcher(),
-            request=request or RequestShare(),
+            matcher=matcher if grammar is None else grammar.matcher(),
+            request=request or RequestShare(), until=until,
         )
         with self._cond:
             if self._closed:
@@ -418,6 +428,28 @@ class GenerationScheduler:
         # within the request's deadline (a server job), withdrawn if the model has not taken it
         logits = wait_for_model(task.future, lambda: self._withdraw(task))
         return ScoreResult(logits, task.cached)
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, *, matcher: Any = None,
+                 until: Callable[[list[int]], bool] | None = None) -> Finish:
+        """One greedy sequence run to its end inside the shared steps (a decision's open
+        value: see :meth:`submit` for ``matcher`` and ``until``); blocks until its Finish,
+        within the running server job's deadline like :meth:`score`: a sequence still waiting
+        then leaves the line; a running one is awaited (``until`` bounds it in time)."""
+        stream = self.submit(prompt, SamplingParams(temperature=0.0), max_tokens,
+                             matcher=matcher, until=until)
+
+        def withdraw() -> bool:
+            with self._cond:
+                waiting = [s for s in self._waiting if s.stream is stream]
+                for seq in waiting:
+                    self._waiting.remove(seq)
+            if waiting:
+                stream.cancel()
+            return bool(waiting)
+
+        from onepass.server.scheduler import wait_for_model  # stdlib only: no server stack
+
+        return wait_for_model(stream.finished, withdraw)
 
     def _withdraw(self, task: _Decision) -> bool:
         """Take a decision out of the line; False when a step already took it."""
@@ -790,7 +822,8 @@ class GenerationScheduler:
             seq.stream.push(Delta(text, info))
         if stopped:
             self._finish(seq, "stop")
-        elif matcher is not None and matcher.done:  # complete, nothing may follow: EOS forced
+        elif ((seq.until is not None and seq.until(seq.generated))  # the caller's end
+              or (matcher is not None and matcher.done)):  # complete: nothing may follow
             self._release_text(seq)
             self._finish(seq, "stop")
         elif len(seq.generated) >= seq.max_tokens:
@@ -817,6 +850,5 @@ class GenerationScheduler:
                 seq.request.active -= 1
                 seq.request.rows -= seq.reserved
             self.arena.release(seq.table)
-        seq.stream.push(
-            Finish(reason, len(seq.prompt), seq.completion_tokens, seq.cached, error)
-        )
+        seq.stream.push(Finish(reason, len(seq.prompt), seq.completion_tokens, seq.cached,
+                               error, tuple(seq.generated)))
