@@ -10,7 +10,8 @@ Steps (all through the public pieces: datasets, train loop, engine, evaluate):
 2. zero-shot: the base engine answers the test split (accuracy, Brier, ECE);
 3. LoRA: train on the train split with per-epoch validation, keep the best epoch;
 4. the base + adapter engine (merged at load, as `onepass serve --adapter` does) answers the
-   same test split;
+   same test split, with the calibration the trainer fitted on the validation split (the
+   default) and without it;
 5. writes results.json, report.md, reliability.png (both models), loss.png and the
    confusion matrices into --output-directory, and prints the comparison.
 
@@ -122,13 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     result = train(config, console=console, show_progress=console.is_terminal)
     with console.status("loading base + adapter…"):
         tuned_engine = DecisionEngine.from_pretrained(adapter=adapter_dir)
-    tuned = run_eval(tuned_engine, "LoRA")
+    tuned = run_eval(tuned_engine, "LoRA")  # with the adapter's own calibration (the default)
     console.print(f"LoRA: accuracy {tuned['accuracy']:.3f}, ECE {tuned['ece']:.3f}")
+    tuned_engine.set_calibration(None)  # what it served before the trainer fitted one
+    raw = run_eval(tuned_engine, "LoRA, uncalibrated")
+    console.print(f"LoRA uncalibrated: accuracy {raw['accuracy']:.3f}, ECE {raw['ece']:.3f}")
 
-    for name, report in (("zero_shot", zero), ("lora", tuned)):
+    for name, report in (("zero_shot", zero), ("lora", tuned), ("lora_uncalibrated", raw)):
         report["dataset"] = str(paths["test"])
         (out / f"{name}_report.json").write_text(json.dumps(report, indent=2) + "\n")
     reliability_diagram({"zero-shot": zero["calibration_bins"],
+                         "LoRA, uncalibrated": raw["calibration_bins"],
                          "LoRA": tuned["calibration_bins"]}, out / "reliability.png",
                         "CLINC150 domains, held-out test (10 equal-width bins)")
     _loss_plot(result.history, out / "loss.png")
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "best_epoch": result.best_epoch, "training_seconds": round(result.seconds, 1),
         "zero_shot": {k: zero[k] for k in ("accuracy", "brier", "ece")},
         "lora": {k: tuned[k] for k in ("accuracy", "brier", "ece")},
+        "lora_uncalibrated": {k: raw[k] for k in ("accuracy", "brier", "ece")},
+        "calibration": result_calibration(adapter_dir),
         "history": result.history, "settings": vars(args),
         "seconds": round(time.perf_counter() - started, 1), "ece_note": ECE_NOTE,
     }
@@ -154,15 +161,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{result.seconds:.0f} s on this machine.", "",
         "| model | accuracy | Brier | ECE |", "|---|---|---|---|",
         f"| zero-shot | {zero['accuracy']:.3f} | {zero['brier']:.3f} | {zero['ece']:.3f} |",
-        f"| LoRA | {tuned['accuracy']:.3f} | {tuned['brier']:.3f} | {tuned['ece']:.3f} |", "",
+        f"| LoRA, uncalibrated | {raw['accuracy']:.3f} | {raw['brier']:.3f} | "
+        f"{raw['ece']:.3f} |",
+        f"| LoRA (its calibration.json, the default) | {tuned['accuracy']:.3f} | "
+        f"{tuned['brier']:.3f} | {tuned['ece']:.3f} |", "",
         f"{ECE_NOTE}.", "", "![reliability](reliability.png) ![loss](loss.png)", "",
         "## LoRA details", "", markdown_report(tuned).split("\n", 2)[2],
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    console.print(json.dumps({k: summary[k] for k in ("zero_shot", "lora", "training_seconds",
+    console.print(json.dumps({k: summary[k] for k in ("zero_shot", "lora_uncalibrated", "lora",
+                                                        "calibration", "training_seconds",
                                                         "seconds")}, indent=2))
     print(f"wrote {out}")
     return 0
+
+
+def result_calibration(adapter_dir: Path) -> dict | None:
+    """The temperatures the trainer fitted on the validation split (None: it fitted none)."""
+    path = adapter_dir / "calibration.json"
+    return json.loads(path.read_text())["report"] if path.exists() else None
 
 
 def _loss_plot(history: list[dict], path: Path) -> None:

@@ -180,3 +180,47 @@ def test_matrix_calibration_round_trips_and_follows_the_options_not_their_order(
     assert p[1] == max(p)  # c ranked second reads as gold b
     reversed_ = back.apply(_question(("c", "b", "a")), [0.35, 0.15, 0.5])
     assert reversed_ == pytest.approx(p[::-1], abs=1e-12)
+
+
+def test_fit_temperature_recovers_the_temperature_that_drew_the_labels():
+    """Labels drawn from softmax(z / 2.5) over rows of 2 to 6 options: temperature scaling
+    finds ~2.5 (the NLL's minimum), and the fitted T never lowers the held-in NLL."""
+    import numpy as np
+
+    from onepass.calibration import fit_temperature, temperature_nll
+
+    rng = np.random.default_rng(0)
+    rows, golds = [], []
+    for _ in range(4000):
+        z = rng.normal(0.0, 3.0, size=int(rng.integers(2, 7)))
+        p = np.exp(z / 2.5 - (z / 2.5).max())
+        rows.append(z.tolist())
+        golds.append(int(rng.choice(len(z), p=p / p.sum())))
+    fitted = fit_temperature(rows, golds)
+    assert fitted == pytest.approx(2.5, rel=0.08)
+    assert temperature_nll(rows, golds, fitted) < temperature_nll(rows, golds, 1.0)
+    assert fit_temperature([], []) == 1.0
+    # an already calibrated reading keeps T ~ 1
+    assert fit_temperature([[x / 2.5 for x in r] for r in rows], golds) == pytest.approx(
+        1.0, rel=0.08)
+
+
+def test_a_bundled_calibration_is_adopted_for_the_served_identity(tmp_path):
+    """A trained adapter's calibration.json is applied whatever path or dtype serves it, and
+    refused (with a warning, not an error) when fitted for another prompt version."""
+    from onepass.prompt import PROMPT_VERSION
+
+    fitted = Calibration(identity={**IDENTITY, "prompt_version": PROMPT_VERSION,
+                                   "adapter": None}, method="temperature",
+                         type_temperature={"choice": 2.0})
+    fitted.save(tmp_path / "calibration.json")
+    served = {**IDENTITY, "dtype": "bfloat16", "adapter": str(tmp_path),
+              "prompt_version": PROMPT_VERSION}
+    adopted = Calibration.bundled(tmp_path, served)
+    assert adopted is not None and adopted.identity == served
+    adopted.check(served)
+    assert adopted.apply(_question(), [0.64, 0.32, 0.04]) == pytest.approx([0.5110, 0.3613, 0.1277],
+                                                                           abs=1e-4)
+    assert Calibration.bundled(tmp_path / "none-here", served) is None
+    with pytest.warns(UserWarning, match="prompt version"):
+        assert Calibration.bundled(tmp_path, {**served, "prompt_version": "other"}) is None

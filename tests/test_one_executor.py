@@ -62,7 +62,7 @@ def test_a_stream_keeps_running_while_an_open_value_is_generated(shared_steps):
     arrivals: list[float] = []
 
     def read() -> None:
-        for event in stream:
+        for _event in stream:
             arrivals.append(time.monotonic())
 
     reader = threading.Thread(target=read)

@@ -5,6 +5,7 @@ check layouts and arithmetic, not learning."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
@@ -201,3 +202,54 @@ def test_adapter_errors_are_explicit(lora_run, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="onepass.adapters"):
         apply_adapter(base_model, stale)
     assert "old-prompt" in caplog.text
+
+
+def test_a_trained_adapter_carries_its_calibration_and_the_engine_applies_it(base, tmp_path):
+    """The trainer fits one temperature per question type on the kept weights' validation
+    answers and writes it beside the adapter; loading the adapter applies it (every served
+    distribution is the uncalibrated one sharpened or softened by T), --calibration none drops
+    it. Records of a tiny random model: this proves the plumbing, not the fit."""
+    import math
+
+    from onepass.commands.common import apply_quality
+    from onepass.train.config import (
+        AUTO_VALIDATION_RECORDS,
+        DEFAULT_VALIDATION_SPLIT,
+        validation_split,
+    )
+
+    records = write_dataset(tmp_path / "train.jsonl")
+    out = tmp_path / "adapter"
+    flags = {("run", "method"): "lora", ("run", "model"): str(base),
+             ("run", "output_directory"): str(out), ("dataset", "path"): str(records),
+             ("dataset", "validation_split"): 0.25, ("run", "epochs"): 1,
+             ("run", "batch_size"): 8, ("run", "learning_rate"): 2e-2, ("run", "warmup_steps"): 0,
+             ("run", "lora_rank"): 4, ("run", "lora_alpha"): 8.0}
+    result = train(resolve_config(flags), show_progress=False)
+    assert result.validation_examples == 6  # 2 records x 3 questions
+    saved = json.loads((out / "calibration.json").read_text())
+    assert saved["method"] == "temperature"
+    assert set(saved["type_temperature"]) == {"noul", "choice", "score"}
+    assert all(0 < t < math.inf for t in saved["type_temperature"].values())
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["calibration"]["choice"]["temperature"] == saved["type_temperature"]["choice"]
+
+    engine = DecisionEngine.from_pretrained(str(base), adapter=str(out), device="cpu",
+                                            dtype="float32")
+    assert engine.calibration.type_temperature == saved["type_temperature"]
+    served = engine.answer(REQUEST)["answers"]["team"]["probabilities"]
+    apply_quality(engine, argparse.Namespace(calibration="none"))
+    assert engine.calibration is None
+    raw = engine.answer(REQUEST)["answers"]["team"]["probabilities"]
+    t = saved["type_temperature"]["choice"]
+    scaled = {k: v ** (1 / t) for k, v in raw.items()}
+    assert served == pytest.approx({k: v / sum(scaled.values()) for k, v in scaled.items()},
+                                   abs=1e-6)
+
+    # the default split: a tenth of a set of 50+ records, none for fewer, 0 or a file: none
+    config = resolve_config({("dataset", "path"): str(records)})
+    assert validation_split(config, AUTO_VALIDATION_RECORDS - 1) == 0.0
+    assert validation_split(config, AUTO_VALIDATION_RECORDS) == DEFAULT_VALIDATION_SPLIT
+    assert validation_split(resolve_config({("dataset", "validation_split"): 0.0}), 500) == 0.0
+    assert validation_split(resolve_config({("dataset", "validation_path"): "v.jsonl"}),
+                            500) == 0.0

@@ -30,6 +30,8 @@ import hashlib
 import json
 import math
 import random
+import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,8 @@ MATRIX_L2 = 0.01  # on the standardised W: measured on CLINC150 (docs/quality.md
 CONTENT_FREE_STATES = ("N/A", "[MASK]", "-", "nothing")
 IDENTITY_KEYS = ("model", "dtype", "adapter", "prompt_version")
 LOG_FLOOR = 1e-12  # probabilities are floored here before a log, in fitting and in use
+# a trained adapter's own calibration, beside its weights (written by the trainer)
+BUNDLED = "calibration.json"
 
 
 class CalibrationError(ValueError):
@@ -131,6 +135,43 @@ class Calibration:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
         return path
+
+    @classmethod
+    def bundled(cls, directory: str | Path, identity: dict[str, Any]) -> Calibration | None:
+        """The calibration a trained adapter carries in ``directory`` (None: it has none, or
+        one fitted for another prompt version, with a warning), adopted for ``identity``: it
+        was fitted on that adapter's own validation answers, so only the prompt version must
+        match (a temperature does not depend on where the directory lies or on the float dtype
+        it is served in)."""
+        path = Path(directory) / BUNDLED
+        if not path.is_file():
+            return None
+        try:
+            calibration = cls.load(path)
+        except CalibrationError as exc:  # e.g. a hub checkpoint's own file of that name
+            warnings.warn(f"{exc}: not applied", stacklevel=2)
+            return None
+        if calibration.identity.get("prompt_version") != identity.get("prompt_version"):
+            warnings.warn(
+                f"{path} was fitted for prompt version "
+                f"{calibration.identity.get('prompt_version')!r}, served "
+                f"{identity.get('prompt_version')!r}: not applied (retrain the adapter)",
+                stacklevel=2)
+            return None
+        calibration.identity = dict(identity)
+        return calibration
+
+    @staticmethod
+    def carry_bundled(source: str | Path | None, target: str | Path) -> bool:
+        """Copy ``source``'s own calibration into ``target``, a checkpoint made from it
+        (``onepass merge``, ``onepass quantize``), so the new directory answers as the
+        adapter or trained checkpoint did; whether there was one."""
+        path = Path(source) / BUNDLED if source is not None else None
+        if path is None or not path.is_file():
+            return False
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, Path(target) / BUNDLED)
+        return True
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
@@ -362,6 +403,55 @@ def metrics(samples: Sequence[Sample], calibration: Calibration | None = None
         "brier": sum(brier_score(p, s.gold) for p, s in zip(probs, samples)) / n,
         "ece": expected_calibration_error([max(p) for p in probs], ok),
     }
+
+
+def _padded(rows: Sequence[Sequence[float]]) -> np.ndarray:
+    """Rows of any length as one matrix, padded with -inf (no probability)."""
+    out = np.full((len(rows), max((len(r) for r in rows), default=0)), -np.inf)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def temperature_nll(log_probs: Sequence[Sequence[float]] | np.ndarray, golds: Sequence[int],
+                    temperature: float) -> float:
+    """Mean negative log-likelihood of the golds under ``softmax(log p / T)``, each row over
+    its own options (rows may differ in length)."""
+    z = log_probs if isinstance(log_probs, np.ndarray) else _padded(log_probs)
+    if not len(z):
+        return 0.0
+    scaled = z / temperature
+    top = scaled.max(axis=1)
+    lse = top + np.log(np.exp(scaled - top[:, None]).sum(axis=1))
+    return float((lse - scaled[np.arange(len(z)), np.asarray(golds)]).mean())
+
+
+def fit_temperature(log_probs: Sequence[Sequence[float]], golds: Sequence[int]) -> float:
+    """The ``T`` in ``[1/e^4, e^4]`` minimising :func:`temperature_nll` over finite logits or
+    log-probabilities (rows of any length): temperature scaling (Guo et al. 2017). One
+    parameter, so a few dozen held-out questions fit it, and it never changes which option is
+    on top. The NLL is convex in ``1/T``: a golden-section search on ``log(1/T)`` finds it."""
+    if not len(golds):
+        return 1.0
+    z = _padded(log_probs)
+    ratio = (math.sqrt(5) - 1) / 2
+    lo, hi = -4.0, 4.0
+
+    def nll(u: float) -> float:
+        return temperature_nll(z, golds, math.exp(-u))
+
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(60):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = nll(b)
+    return math.exp(-(lo + hi) / 2)
 
 
 def split(samples: Sequence[Sample], fraction: float, seed: int

@@ -215,7 +215,7 @@ class DecisionEngine:
         else:
             raise ValueError(f"backend must be torch, llamacpp or remote, got {backend!r}")
         context = Path(context_path).read_text() if context_path else None
-        return cls(
+        engine = cls(
             chosen,
             context=context,
             max_input_tokens=max_input_tokens,
@@ -223,6 +223,14 @@ class DecisionEngine:
             served_name=served_name,
             adapter=str(adapter) if adapter else None,
         )
+        # what onepass train fitted for these weights (calibration.json beside an adapter, or
+        # in a trained, merged or quantized checkpoint); set_calibration(None) drops it
+        own = adapter or (resolved.path if backend == "torch" else None)
+        if own is not None:
+            from onepass.calibration import Calibration
+
+            engine.calibration = Calibration.bundled(own, engine.identity())
+        return engine
 
     def _pin_system(self) -> None:
         """Prefill the system part (instructions + context) once, at start-up."""

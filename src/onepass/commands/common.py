@@ -185,7 +185,9 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
                  "overrides it (default: none)")
     env_argument(g, "--calibration",
                  help="a calibration.json from onepass calibrate, applied to every answer "
-                 "(refused when fitted for another model, dtype, adapter or prompt version)")
+                 "(refused when fitted for another model, dtype, adapter or prompt version); "
+                 "default: the --adapter's own, fitted by onepass train on its validation "
+                 "split; none: no calibration")
     env_argument(g, "--abstain-below", type=probability,
                  help="mark answers whose top probability is below this with "
                  "\"abstained\": true (default: the calibration file's fitted threshold, if any)")
@@ -199,7 +201,9 @@ def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
     engine.debias = getattr(args, "debias", None) or "none"
     if warning := adapter_order_warning(engine.adapter, engine.debias):
         print(f"warning: {warning}", file=sys.stderr)
-    if getattr(args, "calibration", None):
+    if getattr(args, "calibration", None) == "none":
+        engine.set_calibration(None)
+    elif getattr(args, "calibration", None):
         try:
             engine.set_calibration(args.calibration)
         except CalibrationError as exc:

@@ -43,11 +43,13 @@ def merge(model: str | None, adapter: str, output_directory: str, dtype: str = "
     """Load the base, merge the adapter, save the merged checkpoint."""
     import torch
 
+    from onepass.calibration import Calibration
     from onepass.models import resolve
     from onepass.train.artifacts import write_checkpoint
 
     merged, tokenizer = load_merged(resolve(model), adapter)
     write_checkpoint(output_directory, merged.to(getattr(torch, dtype)), tokenizer)
+    Calibration.carry_bundled(adapter, output_directory)  # the adapter's own, if it has one
 
 
 def run(args: argparse.Namespace) -> int:

@@ -117,6 +117,7 @@ def quantize(
     import torch
 
     from onepass import __version__
+    from onepass.calibration import Calibration
     from onepass.commands.merge import load_merged
     from onepass.models import resolve
     from onepass.prompt import PROMPT_VERSION
@@ -150,6 +151,8 @@ def quantize(
         raise QuantizeError(f"--output-directory {out} is the input checkpoint: choose another")
     refuse_quantized_input(resolved.path)
     merged, tokenizer = load_merged(resolved, adapter)
+    # the trained weights' own calibration (the adapter's, or a trained checkpoint's) travels
+    Calibration.carry_bundled(adapter or resolved.path, out)
     provenance = {"base": resolved.source, "adapter": str(adapter) if adapter else None,
                   "prompt_version": PROMPT_VERSION, "onepass_version": __version__}
     torch_dtype = getattr(torch, dtype)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from onepass.adapters import ADAPTER_CONFIG, ADAPTER_FORMAT, ADAPTER_WEIGHTS
+from onepass.calibration import BUNDLED as BUNDLED_CALIBRATION
 from onepass.train.config import ConfigError
 
 CHECKPOINT_DIR = "checkpoint"
@@ -77,6 +78,16 @@ def write_checkpoint(directory: str | Path, model: Any, tokenizer: Any) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def write_calibration(directory: str | Path, calibration: dict[str, Any] | None) -> None:
+    """The artifact's own ``calibration.json`` (``None``: remove a stale one)."""
+    path = Path(directory) / BUNDLED_CALIBRATION
+    if calibration is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, calibration)
 
 
 def write_summary(directory: str | Path, summary: dict[str, Any]) -> None:

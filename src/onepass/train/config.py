@@ -38,6 +38,11 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # every weight: it keeps the gentler 1e-4.
 ADAPTER_LEARNING_RATE = 1e-3
 FULL_LEARNING_RATE = 1e-4
+# Without a validation set a run keeps its last epoch and cannot fit its calibration: by
+# default a tenth of a set of 50 or more records is held out for both (below that a tenth is
+# too few questions to judge or fit anything, and every record trains).
+DEFAULT_VALIDATION_SPLIT = 0.1
+AUTO_VALIDATION_RECORDS = 50
 
 
 class ConfigError(ValueError):
@@ -169,9 +174,11 @@ class DatasetConfig:
     path: str | None = _f(None, "training dataset (.jsonl, .json record or array)", type=str,
                           optional=True)
     validation_path: str | None = _f(None, "validation dataset", type=str, optional=True)
-    validation_split: float = _f(0.0, "hold out this fraction of the training set for "
-                                 "validation (when no validation dataset is given)", type=float,
-                                 minimum=0.0)
+    validation_split: float | None = _f(
+        None, "hold out this fraction of the training set for validation and for fitting the "
+        "adapter's calibration (when no validation dataset is given; default: "
+        f"{DEFAULT_VALIDATION_SPLIT} when the set has at least {AUTO_VALIDATION_RECORDS} records, "
+        "else none; 0: none)", type=float, minimum=0.0, optional=True)
     option_orders: str = _f("declared", "declared: each choice's options in the order the record "
                             "declares them (serve with debias none or content-free: the adapter "
                             "may learn the label letters); rotations: each question read in one "
@@ -366,6 +373,16 @@ def resolve_config(
     return config
 
 
+def validation_split(config: TrainConfig, records: int) -> float:
+    """The fraction of ``records`` training records held out (0: none): the configured one,
+    else the default for a set of that size; none when a validation dataset is given."""
+    if config.dataset.validation_path:
+        return 0.0
+    if config.dataset.validation_split is not None:
+        return config.dataset.validation_split
+    return DEFAULT_VALIDATION_SPLIT if records >= AUTO_VALIDATION_RECORDS else 0.0
+
+
 def check_complete(config: TrainConfig) -> None:
     """The settings a run cannot start without."""
     if not config.dataset.path:
@@ -376,7 +393,7 @@ def check_complete(config: TrainConfig) -> None:
         )
     if config.dataset.validation_path and config.dataset.validation_split:
         raise ConfigError("give either a validation dataset or a validation split, not both")
-    if config.dataset.validation_split >= 1.0:
+    if (config.dataset.validation_split or 0.0) >= 1.0:
         raise ConfigError("--validation-split: expected a fraction below 1")
     unknown = sorted(set(config.run.lora_target_modules) - set(LORA_TARGETS))
     if unknown or not config.run.lora_target_modules:

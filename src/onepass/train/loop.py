@@ -11,8 +11,11 @@ One run:
 5. AdamW with linear warm-up then linear decay, gradient clipping, gradient accumulation,
    bfloat16 autocast on GPUs that support it; a progress bar with loss and throughput;
 6. validation loss / accuracy / calibration after each epoch; the artifact is (re)written when
-   validation loss improves by at least ``minimum_improvement``; early stopping after
-   ``early_stop_patience`` epochs without improvement;
+   validation loss improves by at least ``minimum_improvement``, with ``calibration.json``: a
+   temperature per question type fitted on the kept weights' validation answers, which the
+   engine applies whenever it loads the adapter (training sharpens the restricted softmax
+   past what its accuracy supports); early stopping after ``early_stop_patience`` epochs
+   without improvement;
 7. a checkpoint at every epoch end (and every ``checkpoint_steps``) that ``--resume`` continues
    from exactly.
 """
@@ -33,7 +36,14 @@ import torch
 from onepass import prompt as P
 from onepass.evaluate import expected_calibration_error
 from onepass.train import artifacts
-from onepass.train.config import ConfigError, TrainConfig, check_complete
+from onepass.train.config import (
+    AUTO_VALIDATION_RECORDS,
+    DEFAULT_VALIDATION_SPLIT,
+    ConfigError,
+    TrainConfig,
+    check_complete,
+    validation_split,
+)
 from onepass.train.dataset import DatasetError, Record, load_dataset, split_records
 from onepass.train.loss import Batch, decision_logits, restricted_cross_entropy
 
@@ -49,6 +59,7 @@ class Example:
     target: int
     source: str  # file:line
     question: str
+    type: str = "choice"  # noul, choice or score: each type gets its own fitted temperature
 
 
 @dataclass
@@ -102,7 +113,7 @@ def encode_records(engine: Any, records: Sequence[Record], max_length: int,
                 )
             examples.append(Example(
                 ids, tuple(lb.token_id for lb in pos.labels),
-                chosen[q.name][1].index(answers[q.name]), record.source, q.name,
+                chosen[q.name][1].index(answers[q.name]), record.source, q.name, q.type,
             ))
     return examples
 
@@ -257,14 +268,22 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+@dataclass
+class Validation:
+    """Validation metrics and every example's candidate logits (its own candidates only)."""
+
+    metrics: dict[str, Any]
+    logits: list[list[float]]
+
+
 @torch.no_grad()
 def validate(
     lm: Any, examples: Sequence[Example], batch_size: int, device: torch.device, bf16: bool
-) -> dict[str, Any]:
+) -> Validation:
     """Loss, accuracy and top-label calibration over ``examples`` (model in eval mode)."""
     was_training = lm.training
     lm.eval()
-    losses, confidences, correct = [], [], []
+    losses, confidences, correct, rows = [], [], [], []
     for group in batches(examples, batch_size):
         batch = collate(group, device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -274,14 +293,46 @@ def validate(
         top, pred = probs.max(dim=-1)
         confidences += top.tolist()
         correct += (pred == batch.targets).tolist()
+        rows += [row[: len(e.candidates)] for e, row in zip(group, logits.float().tolist())]
     lm.train(was_training)
     n = len(examples)
-    return {
+    return Validation({
         "loss": sum(losses) / n,
         "accuracy": sum(correct) / n,
         "ece": expected_calibration_error(confidences, correct),
         "examples": n,
-    }
+    }, rows)
+
+
+def fit_calibration(examples: Sequence[Example], logits: Sequence[Sequence[float]],
+                    identity: dict[str, Any], debias: str) -> Any:
+    """A :class:`onepass.calibration.Calibration` holding one temperature per question type,
+    fitted on the validation answers of the weights being written, with the validation ECE
+    before and after in its report."""
+    from onepass.calibration import Calibration, fit_temperature, temperature_nll
+
+    cal = Calibration(identity=dict(identity), method="temperature", debias=debias)
+    report: dict[str, Any] = {"fitted_on": "validation", "examples": len(examples)}
+    for kind in sorted({e.type for e in examples}):
+        rows = [(r, e.target) for e, r in zip(examples, logits) if e.type == kind]
+        z, golds = [r for r, _ in rows], [g for _, g in rows]
+        temperature = fit_temperature(z, golds)
+        cal.type_temperature[kind] = temperature
+        scaled = [torch.softmax(torch.tensor(r) / temperature, -1).tolist() for r in z]
+        plain = [torch.softmax(torch.tensor(r), -1).tolist() for r in z]
+        report[kind] = {
+            "temperature": temperature, "examples": len(rows),
+            "nll": [temperature_nll(z, golds, 1.0), temperature_nll(z, golds, temperature)],
+            "ece": [_top_ece(plain, golds), _top_ece(scaled, golds)],
+        }
+    cal.report = report
+    return cal
+
+
+def _top_ece(probabilities: Sequence[Sequence[float]], golds: Sequence[int]) -> float:
+    tops = [max(range(len(p)), key=p.__getitem__) for p in probabilities]
+    return expected_calibration_error([max(p) for p in probabilities],
+                                      [t == g for t, g in zip(tops, golds)])
 
 
 # --------------------------------------------------------------------------- the run
@@ -340,9 +391,9 @@ def train(
     val_records: list[Record] = []
     if config.dataset.validation_path:
         val_records = load_dataset(config.dataset.validation_path)
-    elif config.dataset.validation_split:
+    elif held_out := validation_split(config, len(train_records)):
         train_records, val_records = split_records(
-            train_records, config.dataset.validation_split, run.seed, config.dataset.path
+            train_records, held_out, run.seed, config.dataset.path
         )
 
     # 2-3. model and the server's rendering
@@ -411,7 +462,16 @@ def train(
     def checkpoint() -> None:
         artifacts.save_training_state(out, trainable, optimizer, scheduler, state)
 
-    def write_artifact() -> None:
+    def write_artifact(validation: Validation | None = None) -> None:
+        if not val_examples:
+            artifacts.write_calibration(out, None)
+        elif validation is not None:
+            identity = {"model": base, "dtype": "float32", "adapter": None,
+                        "prompt_version": P.PROMPT_VERSION}
+            debias = "rotations" if config.dataset.option_orders == "rotations" else "none"
+            cal = fit_calibration(val_examples, validation.logits, identity, debias)
+            artifacts.write_calibration(out, cal.to_json())
+            state["calibration"] = cal.report
         if run.method in ADAPTER_METHODS:
             from onepass.train.lora import adapter_tensors
 
@@ -435,7 +495,7 @@ def train(
             "optimizer_steps": state["step"], "best_epoch": state["best_epoch"],
             "stopped_early": state["stopped_early"], "history": state["history"],
             "untrained_validation": state["untrained"], "beat_untrained": beat_untrained(),
-            "configuration": config.to_dict(),
+            "calibration": state.get("calibration"), "configuration": config.to_dict(),
         }
 
     console.print(
@@ -445,6 +505,9 @@ def train(
         f"{len(val_examples)} validation questions, {n_trainable:,} trainable parameters, "
         f"{total_steps} optimizer steps, device {device.type}"
         + (", bfloat16 compute" if bf16 else ", float32 compute")
+        + ("" if val_examples else "; no validation set: the last epoch is kept and no "
+           f"calibration is fitted (--validation-split, default {DEFAULT_VALIDATION_SPLIT} of "
+           f"sets of {AUTO_VALIDATION_RECORDS}+ records)")
     )
 
     # 5-7. epochs
@@ -465,7 +528,7 @@ def train(
     )
     if val_examples and state["untrained"] is None and state["step"] == 0:  # fresh, not resumed
         with torch.no_grad():
-            before = validate(lm, val_examples, run.batch_size, device, bf16)
+            before = validate(lm, val_examples, run.batch_size, device, bf16).metrics
         state["untrained"] = {k: before[k] for k in ("loss", "accuracy", "ece")}
         console.print(f"untrained: validation loss {before['loss']:.4f}, accuracy "
                       f"{before['accuracy']:.3f}, ECE {before['ece']:.3f}")
@@ -519,9 +582,10 @@ def train(
                 "learning_rate": scheduler.get_last_lr()[0], "steps": state["step"],
                 "seconds": round(seconds_before + time.perf_counter() - t0, 2),
             }
-            improved = True
+            improved, validation = True, None
             if val_examples:
-                metrics = validate(lm, val_examples, run.batch_size, device, bf16)
+                validation = validate(lm, val_examples, run.batch_size, device, bf16)
+                metrics = validation.metrics
                 record.update({f"validation_{k}": v for k, v in metrics.items()})
                 best = state["best_loss"]
                 improved = best is None or metrics["loss"] < best - run.minimum_improvement
@@ -542,7 +606,7 @@ def train(
                 console.print(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}")
             state["history"].append(record)
             if improved:
-                write_artifact()
+                write_artifact(validation)
             state["epoch"], state["micro_batch"] = epoch + 1, 0
             state["epoch_loss_sum"], state["epoch_questions"], state["epoch_seconds"] = 0.0, 0, 0.0
             if (run.early_stop_patience and state["bad_epochs"] >= run.early_stop_patience
