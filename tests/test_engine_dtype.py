@@ -132,12 +132,17 @@ def test_compute_is_chosen_at_load_and_refused_off_the_torch_backend():
     """``from_pretrained(compute=...)`` (``--compute``) picks the working weights of a float
     checkpoint too; the GGUF and remote backends run weights as their engine stores them."""
     from onepass import DecisionEngine
+    from onepass.quant.artifact import QuantizeError, cpu_has_int8_dot
     from onepass.quant.linear import Int8Linear
 
-    engine = DecisionEngine.from_pretrained(dtype="float32", compute="int8")
-    assert engine.backend.compute == "int8"
-    int8 = [m for m in engine.backend.model.modules() if isinstance(m, Int8Linear)]
-    assert int8 and all(m.smooth is not None for m in int8)  # SmoothQuant-scaled at load
-    assert 0.0 <= engine.noul("It is raining.", "Is the weather bad?") <= 1.0
+    if cpu_has_int8_dot():
+        engine = DecisionEngine.from_pretrained(dtype="float32", compute="int8")
+        assert engine.backend.compute == "int8"
+        int8 = [m for m in engine.backend.model.modules() if isinstance(m, Int8Linear)]
+        assert int8 and all(m.smooth is not None for m in int8)  # SmoothQuant-scaled at load
+        assert 0.0 <= engine.noul("It is raining.", "Is the weather bad?") <= 1.0
+    else:  # a CPU without int8 dot-product units: refused at load, saying why
+        with pytest.raises(QuantizeError, match="VNNI"):
+            DecisionEngine.from_pretrained(dtype="float32", compute="int8")
     with pytest.raises(ValueError, match="--compute needs --backend torch"):
         DecisionEngine.from_pretrained(backend="llamacpp", compute="int8")
