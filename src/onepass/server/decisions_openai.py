@@ -457,14 +457,15 @@ def parse_body(raw: Any) -> DecisionsCall:
     try:
         request = parse_request(system_one)
     except ContractError as exc:  # a System One path -> the field the caller sent
-        raise ContractError(_caller_field(exc.field), exc.message, kind=exc.kind) from None
+        raise ContractError(caller_field(exc.field), exc.message, kind=exc.kind) from None
     request = DecisionRequest(request.model, request.state, request.questions,
                               request.temperature, request.debias, cache_key)
     return DecisionsCall(model, system_one, request, tuple(asked), cache_key)
 
 
-def _caller_field(field: str) -> str:
-    """``questions.q3.criteria`` -> ``questions[3]``; ``state`` -> ``input``."""
+def caller_field(field: str) -> str:
+    """A System One field as the caller named it: ``questions.q3.criteria`` ->
+    ``questions[3]``; ``state`` (a prompt over the token limit, say) -> ``input``."""
     if field == "state":
         return "input"
     if field.startswith("questions.q"):

@@ -43,7 +43,9 @@ router = APIRouter()
 def _openai_error(exc: ContractError) -> ApiError:
     """A contract fault of an OpenAI Decisions body: the kind's status (an unknown model 404,
     too many questions or a prompt too long 413), else 400 (never the System One 422)."""
-    return ApiError(STATUS_BY_KIND.get(exc.kind, 400), str(exc), exc.kind, field=exc.field)
+    field = D.caller_field(exc.field)
+    message = f"{field}: {exc.message}" if field else exc.message
+    return ApiError(STATUS_BY_KIND.get(exc.kind, 400), message, exc.kind, field=field or None)
 
 
 def _with_param(exc: ApiError, request: Request) -> Response:
