@@ -60,7 +60,7 @@ from onepass.server.generate_compat import GenerateScoringRequest
 from onepass.server.generate_compat import register as register_generate_compat
 from onepass.server.openai_schema import REQUEST_MODELS as GENERATION_REQUEST_MODELS
 from onepass.server.playground import register as register_playground
-from onepass.server.routes_decisions import router as decisions_router
+from onepass.server.routes_decisions import register as register_decisions
 from onepass.server.routes_generation import register as register_generation
 from onepass.server.runtime import Runtime
 from onepass.server.serving import ERROR_RESPONSES, answer, body_spec, contract_check
@@ -249,7 +249,7 @@ def create_app(
         return StrictJSONResponse(result)
 
     # POST /v1/decisions (OpenAI Decisions) and /v1/decisions/schema (JSON-Schema decisions)
-    app.include_router(decisions_router, dependencies=auth)
+    register_decisions(app, auth)
 
     @app.get("/v1/models", dependencies=auth, tags=["System One"],
              response_class=StrictJSONResponse,

@@ -2,7 +2,9 @@
 ``openai.OpenAI().decisions.create`` sends) and ``POST /v1/decisions/schema`` (ordered
 JSON-Schema decisions, :mod:`onepass.schema`).
 
-A thin module-level router: the handlers find the runtime on ``app.state`` and share the
+Module-level handlers, registered by :func:`register` (not an included ``APIRouter``: FastAPI
+0.165 keeps one as a single opaque entry of ``app.routes``, which the 404 message, the metrics
+and the docs read route by route). They find the runtime on ``app.state`` and share the
 server's path (``serving``: checks off the event loop, the bounded queue, metrics, access-log
 fields). ``/v1/decisions`` still serves a JSON-Schema body when that is unambiguous (``schema``
 and neither ``questions`` nor ``input``), marked deprecated (``Deprecation: true`` and a
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from onepass.contract import ContractError
@@ -36,8 +38,6 @@ log = logging.getLogger("onepass.server")
 
 SCHEMA_PATH = "/v1/decisions/schema"
 DEPRECATED_HEADERS = {"deprecation": "true", "link": f'<{SCHEMA_PATH}>; rel="successor-version"'}
-
-router = APIRouter()
 
 
 def _openai_error(exc: ContractError) -> ApiError:
@@ -92,14 +92,6 @@ async def _schema_answer(request: Request, raw: Any, engine: Any, plan: Any,
     return StrictJSONResponse(result, headers=headers)
 
 
-@router.post(
-    SCHEMA_PATH,
-    response_class=StrictJSONResponse,
-    responses={200: {"model": DecisionsResponseModel}, **ERROR_RESPONSES},
-    openapi_extra=body_spec("DecisionsRequestModel"),
-    summary="Fill an ordered JSON Schema with typed decisions",
-    tags=["Decisions"],
-)
 async def decisions_schema(request: Request) -> Response:
     rt = request.app.state.runtime
     rt.require_engine()
@@ -109,16 +101,6 @@ async def decisions_schema(request: Request) -> Response:
     return await _schema_answer(request, raw, engine, plan)
 
 
-@router.post(
-    "/v1/decisions",
-    response_class=StrictJSONResponse,
-    responses={200: {"model": D.OpenAIDecisionModel},
-               **{k: v for k, v in ERROR_RESPONSES.items() if k != 422}},
-    openapi_extra=body_spec("OpenAIDecisionsRequestModel"),
-    summary="Answer predicate, choice and score questions about an input (the OpenAI "
-    "Decisions API: client.decisions.create)",
-    tags=["Decisions"],
-)
 async def decisions(request: Request) -> Response:
     rt = request.app.state.runtime
 
@@ -149,3 +131,27 @@ async def decisions(request: Request) -> Response:
         return StrictJSONResponse(D.build_response(call, result))
     except ApiError as exc:
         return _with_param(exc, request)
+
+
+def register(app: FastAPI, auth: list[Any]) -> None:
+    """Serve both routes behind ``auth`` (the handlers read the runtime from ``app.state``)."""
+    app.post(
+        "/v1/decisions",
+        dependencies=auth,
+        response_class=StrictJSONResponse,
+        responses={200: {"model": D.OpenAIDecisionModel},
+                   **{k: v for k, v in ERROR_RESPONSES.items() if k != 422}},
+        openapi_extra=body_spec("OpenAIDecisionsRequestModel"),
+        summary="Answer predicate, choice and score questions about an input (the OpenAI "
+        "Decisions API: client.decisions.create)",
+        tags=["Decisions"],
+    )(decisions)
+    app.post(
+        SCHEMA_PATH,
+        dependencies=auth,
+        response_class=StrictJSONResponse,
+        responses={200: {"model": DecisionsResponseModel}, **ERROR_RESPONSES},
+        openapi_extra=body_spec("DecisionsRequestModel"),
+        summary="Fill an ordered JSON Schema with typed decisions",
+        tags=["Decisions"],
+    )(decisions_schema)
