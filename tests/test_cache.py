@@ -94,3 +94,24 @@ def test_thread_safety_under_concurrent_use():
         raise AssertionError(f"{len(failures)} of 8 threads failed: {failures!r}") from failures[0]
     s = cache.stats()
     assert s.entries <= 8 and s.resident_tokens == 3 * s.entries
+
+
+def test_namespaces_partition_entries_and_share_pinned_ones():
+    cache = PrefixCache(8, 100)
+    cache.pin([1, 2], "system")
+    assert cache.put([1, 2, 3, 4], "a", "key-a")
+    assert cache.longest_prefix([1, 2, 3, 4], "key-a") == (4, "a")
+    assert cache.longest_prefix([1, 2, 3, 4, 5], "key-a") == (4, "a")
+    # another key, and no key, see only the pinned system entry
+    assert cache.longest_prefix([1, 2, 3, 4], "key-b") == (2, "system")
+    assert cache.longest_prefix([1, 2, 3, 4]) == (2, "system")
+    cache.put([1, 2, 3, 4], "b", "key-b")
+    assert cache.longest_prefix([1, 2, 3, 4], "key-b") == (4, "b")
+    assert cache.longest_prefix([1, 2, 3, 4], "key-a") == (4, "a")
+    assert cache.stats().entries == 2 and cache.stats().resident_tokens == 8
+
+
+def test_put_says_whether_it_stored():
+    assert not PrefixCache(0, 100).put([1], "x")
+    assert not PrefixCache(4, 2).put([1, 2, 3], "x")
+    assert PrefixCache(4, 100).put([1, 2, 3], "x")

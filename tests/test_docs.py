@@ -47,7 +47,8 @@ def test_http_reference_lists_exactly_the_routes_of_the_app(site):
     routes = app_routes()
     assert set(listed) == routes
     # the ones this project documents everywhere, so an empty app cannot pass
-    assert {("POST", "/v1/systemone"), ("POST", "/v1/decisions"), ("GET", "/v1/models"),
+    assert {("POST", "/v1/systemone"), ("POST", "/v1/decisions"),
+            ("POST", "/v1/decisions/schema"), ("GET", "/v1/models"),
             ("GET", "/"), ("GET", "/health"), ("GET", "/metrics"),
             ("GET", "/openapi.json")} <= routes
     assert 'id="schema-systemonerequestmodel"' in page  # request bodies link to their schema

@@ -231,7 +231,7 @@ def test_sentence_encoder_wire_options_and_refusals(server):
                             ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
                             ("/v1/systemone", {"state": "x", "questions": {
                                 "q": {"type": "noul", "instructions": "Is it x?"}}}),
-                            ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
+                            ("/v1/decisions/schema", {"context": "x", "mode": "batch", "schema": {
                                 "type": "object",
                                 "properties": {"b": {"type": "boolean"}}}})):
             r = http.post(route, json={**body, "model": "minilm"})

@@ -38,6 +38,19 @@ VALID = {
                                "criteria": ["calm", "annoyed", "furious"]}},
     },
     "/v1/decisions": {
+        "model": "jev-latest", "input": [
+            {"role": "user", "content": "Server is down!"},
+            {"type": "function_call", "call_id": "c", "name": "ping", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": "timeout"}],
+        "questions": [
+            {"type": "predicate", "name": "urgent", "instructions": "It is urgent."},
+            {"type": "choice", "instructions": "Which team?",
+             "choices": [{"value": "ops"}, {"value": True}, {"value": "true"}]},
+            {"type": "score", "instructions": "Severity?",
+             "levels": [{"label": "low"}, {"label": "high", "description": "down"}]}],
+        "prompt_cache_key": "fuzz",
+    },
+    "/v1/decisions/schema": {
         "context": "Server is down!", "mode": "batch",
         "schema": {"type": "object", "properties": {
             "urgent": {"type": "boolean"},
@@ -120,20 +133,35 @@ DANGEROUS = [
     ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "tool_choice": "required",
                        "tools": [{"type": "function", "name": "f", "strict": True,
                                   "parameters": _ref_chain(1000)}]}),
-    ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
+    ("/v1/decisions/schema", {"context": "x", "mode": "batch", "schema": {
         "type": "object", "properties": {"deep": _ref_chain(1000)}}}),
     *(("/v1/chat/completions", _forced_tool({"type": "object", "properties": {
         "q": {"$ref": ref}}})) for ref in REMOTE_REFS),
     *(("/v1/chat/completions", _chat(response_format=_json_schema({
         "type": "object", "properties": {"q": {"$ref": ref}}}))) for ref in REMOTE_REFS[:3]),
-    ("/v1/decisions", {"context": "x", "mode": "sequential", "schema": _ref_bomb(30)}),
-    ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
+    ("/v1/decisions/schema", {"context": "x", "mode": "sequential", "schema": _ref_bomb(30)}),
+    ("/v1/decisions/schema", {"context": "x", "mode": "batch", "schema": {
         "type": "object", "properties": {"n": {
             "type": "number", "minimum": 0, "maximum": 1e300, "multipleOf": 1e-300}}}}),
-    ("/v1/decisions", {"context": "x", "mode": "batch", "schema": {
+    ("/v1/decisions/schema", {"context": "x", "mode": "batch", "schema": {
         "type": "object", "properties": {"n": {
             "type": "number", "minimum": -1e308, "maximum": 1e308, "x-step": 1e-308}}}}),
     ("/v1/systemone", {"state": "x" * 200_000, "questions": VALID["/v1/systemone"]["questions"]}),
+    ("/v1/decisions", {**VALID["/v1/decisions"], "input": "x" * 200_000}),
+    ("/v1/decisions", {**VALID["/v1/decisions"], "questions": [
+        {"type": "predicate", "instructions": "x"}] * 400}),
+    ("/v1/decisions", {**VALID["/v1/decisions"], "questions": [
+        {"type": "choice", "instructions": "x", "choices": [{"value": f"v{i}"}
+                                                            for i in range(256)]}]}),
+    ("/v1/decisions", {**VALID["/v1/decisions"], "questions": [
+        {"type": "predicate", "name": "n" * 500_000, "instructions": [
+            {"type": "input_json", "data": json.loads('{"a":' * 60 + "1" + "}" * 60)}]}]}),
+    ("/v1/decisions", {**VALID["/v1/decisions"], "input": [
+        {"type": "function_call_output", "call_id": "c" * 100_000, "output": "x"}]}),
+    ("/v1/decisions", {**VALID["/v1/decisions"], "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "x \ud800"}]}]}),
+    ("/v1/decisions", {**VALID["/v1/decisions"], "prompt_cache_key": "k" * 100_000}),
+    ("/v1/decisions", {"schema": json.loads("[" * 500 + "]" * 500)}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "max_tokens": 10**12}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],

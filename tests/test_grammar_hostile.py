@@ -296,7 +296,7 @@ def _cases(model: str) -> list[tuple[str, str, dict, str]]:
          {"model": model, "input": "Answer.", "max_output_tokens": 8,
           "tools": [_chain_tool("responses")], "tool_choice": "required"},
          "tools[0].parameters"),
-        ("decisions open field", "/v1/decisions",
+        ("decisions open field", "/v1/decisions/schema",
          {"context": "Invoice ABC.", "mode": "batch", "schema": deep},
          "schema.properties.code"),
     ]
@@ -328,7 +328,7 @@ def test_a_late_grammar_fault_is_a_400_for_its_request_only(server, model):
         "chat": ("/v1/chat/completions", {
             "model": model, "max_tokens": 24, "temperature": 0,
             "messages": [{"role": "user", "content": "Tell me about rivers."}]}),
-        "decision": ("/v1/decisions", {
+        "decision": ("/v1/decisions/schema", {
             "context": "The sky is blue.", "mode": "batch",
             "schema": {"properties": {"blue": {"type": "boolean",
                                                "description": "Is the sky blue?"}}}}),

@@ -19,6 +19,7 @@ PURE = [
     "onepass.generate.grammar",
     "onepass.server.openai",
     "onepass.server.openai_schema",
+    "onepass.server.decisions_openai",
 ]
 
 

@@ -284,12 +284,12 @@ def test_schema_tab_and_chat_tab(page, server):
     page.keyboard.press("ArrowRight")
     assert page.get_attribute("#tab-schema", "aria-selected") == "true"
     assert page.is_visible("#schema") and not page.is_visible("#state")
-    with page.expect_request("**/v1/decisions") as sent:
+    with page.expect_request("**/v1/decisions/schema") as sent:
         page.keyboard.press("Control+Enter")
     page.wait_for_selector("#schema-results .answer")
     body = json.loads(sent.value.post_data)
     assert body["mode"] == "sequential" and set(body) >= {"context", "schema"}
-    api = httpx.post(server + "/v1/decisions", json=body, timeout=60).json()
+    api = httpx.post(server + "/v1/decisions/schema", json=body, timeout=60).json()
     rows = page.eval_on_selector_all(
         "#schema-results .bar-row",
         "els => els.map(e => [e.dataset.question, e.dataset.key, Number(e.dataset.probability)])")

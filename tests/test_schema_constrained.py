@@ -208,7 +208,7 @@ def test_decisions_route_enforces_constraints_and_refuses_with_400(engine):
     }}
     with TestClient(create_app(engine, ServerSettings())) as client:
         for mode, sample in (("sequential", False), ("batch", True)):
-            r = client.post("/v1/decisions", json={"context": CONTEXT, "mode": mode,
+            r = client.post("/v1/decisions/schema", json={"context": CONTEXT, "mode": mode,
                                                     "schema": schema, "max_open_tokens": 16,
                                                     "sample": sample, "seed": 7})
             assert r.status_code == 200, r.text
@@ -216,13 +216,13 @@ def test_decisions_route_enforces_constraints_and_refuses_with_400(engine):
             assert type(r.json()["value"]["total"]) is int
             assert r.json()["fields"]["code"]["generated"] is True
         bad = {"properties": {"when": {"type": "string", "x-open": True, "format": "iri"}}}
-        r = client.post("/v1/decisions", json={"context": CONTEXT, "mode": "batch",
+        r = client.post("/v1/decisions/schema", json={"context": CONTEXT, "mode": "batch",
                                                 "schema": bad})
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["field"] == "schema.properties.when" and "'format': \"iri\"" in error[
             "message"]
-        r = client.post("/v1/decisions", json={"context": CONTEXT, "mode": "batch",
+        r = client.post("/v1/decisions/schema", json={"context": CONTEXT, "mode": "batch",
                                                 "schema": schema, "max_open_tokens": 1})
         assert r.status_code == 413 and r.json()["error"]["type"] == "max_tokens_exceeded"
         assert r.json()["error"]["field"] == "schema.properties.code"

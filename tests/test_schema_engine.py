@@ -387,7 +387,7 @@ def test_a_run_past_its_time_limit_stops_generating(engine, monkeypatch):
 
 
 def decide_request(engine, body):
-    """What POST /v1/decisions does with a decoded body."""
+    """What POST /v1/decisions/schema does with a decoded body."""
     return run_plan(engine, parse_decisions(engine, body)).to_dict()
 
 

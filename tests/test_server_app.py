@@ -510,13 +510,13 @@ def test_decisions_route_when_schema_module_is_present(client):
             "schema": {"type": "object", "properties": {
                 "category": {"enum": ["meal", "travel"]},
                 "refundable": {"type": "boolean", "description": "Is it refundable?"}}}}
-    r = client.post("/v1/decisions", content=zstd(js(body)),
+    r = client.post("/v1/decisions/schema", content=zstd(js(body)),
                     headers={"content-encoding": "zstd"})
     assert r.status_code == 200, r.text
     assert set(r.json()["value"]) == {"category", "refundable"}
-    bad = client.post("/v1/decisions", json={**body, "mode": "sideways"})
+    bad = client.post("/v1/decisions/schema", json={**body, "mode": "sideways"})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "mode"
-    assert client.post("/v1/decisions", json={**body, "model": "nope"}).status_code == 404
+    assert client.post("/v1/decisions/schema", json={**body, "model": "nope"}).status_code == 404
 
 
 def test_draining_refuses_new_work_and_fails_readiness(engine):
@@ -619,11 +619,12 @@ def test_decisions_are_validated_and_compiled_before_they_are_queued(engine):
     with TestClient(app) as c:
         gate = _occupy_worker(app)
         try:
-            bomb = c.post("/v1/decisions", json={**DECISIONS, "schema": _fan_out(30)})
-            wide = c.post("/v1/decisions", json={**DECISIONS, "schema": {"properties": {
+            bomb = c.post("/v1/decisions/schema", json={**DECISIONS, "schema": _fan_out(30)})
+            wide = c.post("/v1/decisions/schema", json={**DECISIONS, "schema": {"properties": {
                 f"f{i}": {"type": "boolean"} for i in range(9)}}})
-            steps = c.post("/v1/decisions", json={**DECISIONS, "schema": {"properties": {"n": {
-                "type": "number", "minimum": 0, "maximum": 1e300, "multipleOf": 1e-300}}}})
+            steps = c.post("/v1/decisions/schema", json={**DECISIONS, "schema": {"properties": {
+                "n": {"type": "number", "minimum": 0, "maximum": 1e300,
+                      "multipleOf": 1e-300}}}})
             depth = app.state.runtime.scheduler.depth
         finally:
             gate.set()
@@ -646,10 +647,10 @@ def test_hostile_numbers_are_client_errors_not_500(client):
     assert tiny.status_code == 200 and tiny.json()["answers"]["greeting"]["noul"] in (0.0, 1.0)
     for bad in ({"type": "number", "minimum": 0, "maximum": 1e300, "x-step": 1e-300},
                 {"type": "integer", "minimum": 0, "maximum": 10**400}):
-        r = client.post("/v1/decisions", content=js(
+        r = client.post("/v1/decisions/schema", content=js(
             {**DECISIONS, "schema": {"properties": {"n": bad}}}))
         assert r.status_code == 400 and r.json()["error"]["field"] == "schema.properties.n"
-    r = client.post("/v1/decisions", content=js({**DECISIONS, "temperature": 10**400}))
+    r = client.post("/v1/decisions/schema", content=js({**DECISIONS, "temperature": 10**400}))
     assert r.status_code == 422 and r.json()["error"]["field"] == "temperature"
     assert_good(client)
 
@@ -659,12 +660,12 @@ def test_decisions_bound_open_text_and_wall_time(client, monkeypatch):
 
     wide = {**DECISIONS, "max_open_tokens": 512, "schema": {"properties": {
         f"t{i}": {"type": "string", "x-open": True} for i in range(5)}}}
-    r = client.post("/v1/decisions", json=wide)
+    r = client.post("/v1/decisions/schema", json=wide)
     assert r.status_code == 413 and r.json()["error"]["type"] == "max_tokens_exceeded"
     assert r.json()["error"]["field"] == "max_open_tokens"
     monkeypatch.setattr(schema, "MAX_DECISION_SECONDS", 0.0)  # every run is past it at once
-    r = client.post("/v1/decisions", json=DECISIONS)
+    r = client.post("/v1/decisions/schema", json=DECISIONS)
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
     assert "time limit of 0 s per request after 0 of 2 fields" in r.json()["error"]["message"]
     monkeypatch.undo()
-    assert client.post("/v1/decisions", json=DECISIONS).status_code == 200
+    assert client.post("/v1/decisions/schema", json=DECISIONS).status_code == 200

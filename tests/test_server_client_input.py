@@ -38,8 +38,10 @@ HUGE_INTS = [
     ("/v1/completions", _fill('{"prompt":[1,%s],"max_tokens":1}', BIG), "prompt[1]"),
     ("/v1/responses", _fill('{"input":"hi","max_output_tokens":%s}', BIG), "max_output_tokens"),
     ("/v1/systemone", _fill('{"state":"x","questions":%s,"seed":%s}', NOUL, BIG), "seed"),
-    ("/v1/decisions", _fill('{"context":"x","mode":"batch","schema":{"type":"object","properties":'
-     '{"n":{"type":"integer","maximum":%s}}}}', BIG), "schema.properties.n.maximum"),
+    ("/v1/decisions/schema", _fill('{"context":"x","mode":"batch","schema":{"type":"object",'
+     '"properties":{"n":{"type":"integer","maximum":%s}}}}', BIG), "schema.properties.n.maximum"),
+    ("/v1/decisions", _fill('{"model":"m","input":"x","questions":[{"type":"predicate",'
+     '"instructions":"i","name":%s}]}', BIG), "questions[0].name"),
     ("/v1/embeddings", _fill('{"input":[%s]}', BIG), "input[0]"),
     ("/generate", GENERATE % f'"rid":{BIG}', "rid"),
     ("/generate", _fill('{"input_ids":[[1,%s]],"token_ids_logprob":[3]}', BIG), "input_ids[0][1]"),
@@ -74,10 +76,12 @@ LONE_SURROGATES = [
      "questions.a.instructions"),
     ("/v1/systemone", _fill('{"state":"x","questions":{"a":{"type":"choice","instructions":"i",'
      '"criteria":{"ok":"%s","no":null}}}}', S), "questions.a.criteria.ok"),
-    ("/v1/decisions", _fill('{"context":"late %s","mode":"batch","schema":{"type":"object",'
+    ("/v1/decisions/schema", _fill('{"context":"late %s","mode":"batch","schema":{"type":"object",'
      '"properties":{"u":{"type":"boolean"}}}}', S), "context"),
-    ("/v1/decisions", _fill('{"context":"x","mode":"batch","schema":{"type":"object","properties":'
-     '{"u":{"type":"boolean","description":"%s"}}}}', S),
+    ("/v1/decisions", _fill('{"model":"m","input":[{"role":"user","content":"late %s"}],'
+     '"questions":[{"type":"predicate","instructions":"i"}]}', S), "input[0].content"),
+    ("/v1/decisions/schema", _fill('{"context":"x","mode":"batch","schema":{"type":"object",'
+     '"properties":{"u":{"type":"boolean","description":"%s"}}}}', S),
      "schema.properties.u.description"),
     ("/v1/embeddings", _fill('{"input":"a %s"}', S), "input"),
     ("/v1/embeddings", _fill('{"input":["ok","%s"]}', S), "input[1]"),

@@ -129,7 +129,7 @@ def test_two_resident_models_each_answer_their_own_name_on_every_route(two_model
     assert answers["small"]["answers"] != answers["gemma"]["answers"]  # two different models
     schema = {"type": "object", "properties": {"urgent": {"type": "boolean"}}}
     for name in ("small", "gemma"):
-        r = httpx.post(url + "/v1/decisions", timeout=60, json={
+        r = httpx.post(url + "/v1/decisions/schema", timeout=60, json={
             "model": name, "context": "Server is down!", "schema": schema,
                 "mode": "batch"})
         assert r.status_code == 200, r.text
@@ -141,7 +141,8 @@ def test_two_resident_models_each_answer_their_own_name_on_every_route(two_model
         assert r.json()["model"] == name and r.json()["usage"]["completion_tokens"] >= 1
     for route, body in (("/v1/systemone", question),
                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
-                        ("/v1/decisions", {"context": "x", "schema": schema, "mode": "batch"})):
+                        ("/v1/decisions/schema",
+                         {"context": "x", "schema": schema, "mode": "batch"})):
         r = httpx.post(url + route, json={**body, "model": "nope"}, timeout=30)
         assert r.status_code == 404, (route, r.text)
         assert "nope" in r.json()["error"]["message"]

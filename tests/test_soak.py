@@ -53,7 +53,7 @@ ORDINARY: dict[str, tuple[str, dict[str, Any]]] = {
         "messages": [{"role": "user", "content": "Name a colour."}],
         "max_tokens": 8, "temperature": 0,
     }),
-    "decisions": ("/v1/decisions", {
+    "decisions": ("/v1/decisions/schema", {
         "context": "Server is down!", "mode": "batch",
         "schema": {"type": "object", "properties": {
             "urgent": {"type": "boolean"}, "team": {"enum": ["ops", "support"]}}},

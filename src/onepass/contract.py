@@ -79,6 +79,8 @@ class DecisionRequest:
     questions: tuple[Question, ...]
     temperature: float | None = None
     debias: str | None = None  # None: the engine's default
+    # the prefix-cache partition (OpenAI Decisions' prompt_cache_key); not a System One field
+    cache_namespace: str | None = None
 
 
 def finite_float(value: int | float) -> float | None:

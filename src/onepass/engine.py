@@ -62,6 +62,7 @@ class Scored:
     prefix: list[int]
     suffixes: list[list[int]]
     cached_tokens: int
+    written_tokens: int = 0
 
     @property
     def input_tokens(self) -> int:
@@ -387,11 +388,13 @@ class DecisionEngine:
         *,
         limit_field: str = "state",
         naive: bool = False,
+        namespace: str | None = None,
     ) -> Scored:
         """Candidate logits for every position after one shared prefix, in one forward.
 
         ``naive=True`` runs each whole prompt through a plain full forward instead (no cache,
         no packing, full vocabulary): the reference the fast path is tested against.
+        ``namespace``: the prefix-cache partition (only backends with ``cache_namespaces``).
         """
         prefix, suffixes = self.tokenize(prefix_text, [p.suffix for p in positions])
         longest = len(prefix) + max((len(s) for s in suffixes), default=0)
@@ -402,11 +405,13 @@ class DecisionEngine:
             logits = [
                 self.backend.reference_logits(prefix + s, c) for s, c in zip(suffixes, candidates)
             ]
-            cached = 0
+            cached = written = 0
         else:
-            result = (self.scorer or self.backend.score)(prefix, suffixes, candidates)
+            extra = {} if namespace is None else {"namespace": namespace}
+            result = (self.scorer or self.backend.score)(prefix, suffixes, candidates, **extra)
             logits, cached = result.logits, result.cached_tokens
-        return Scored(logits, prefix, suffixes, cached)
+            written = getattr(result, "written_tokens", 0)
+        return Scored(logits, prefix, suffixes, cached, written)
 
     # ------------------------------------------------------------------ order-invariance
 
@@ -507,7 +512,7 @@ class DecisionEngine:
 
     def answer(
         self, request: DecisionRequest | Mapping[str, Any] | Any, *, naive: bool = False,
-        debias: str | None = None,
+        debias: str | None = None, cache_writes: bool = False,
     ) -> dict[str, Any]:
         """Answer a System One request; returns the response as a JSON-ready dict.
 
@@ -517,6 +522,10 @@ class DecisionEngine:
         (see :meth:`readings`) and combines them in declared order; ``content-free`` reads the
         same positions after a blank document (:data:`CONTENT_FREE_STATE`) and divides that
         prior out, so what the model answers whatever the document says carries no weight.
+        ``cache_writes``: usage also says ``cache_write_tokens``, the prompt tokens this call
+        computed and stored in the prefix cache (the OpenAI Decisions usage; System One's
+        usage keeps its three fields). A request's ``cache_namespace`` partitions the prefix
+        cache (a backend with ``cache_namespaces`` only).
         """
         if not isinstance(request, DecisionRequest):
             if hasattr(request, "model_dump"):
@@ -532,13 +541,15 @@ class DecisionEngine:
         mode = _check_debias(debias or request.debias or self.debias)
         readings = [self.readings(q, mode) for q in live]
         positions = [pos for group in readings for pos, _ in group]
-        calls = [self.score_positions(prefix_text, positions, naive=naive)] if positions else []
+        ns = request.cache_namespace
+        calls = [self.score_positions(prefix_text, positions, naive=naive, namespace=ns)
+                 ] if positions else []
         probs = self._read(live, readings, calls[0], temperature) if calls else {}
         if calls and "content-free" in mode.split("+"):
             # the same readings about a document that says nothing: the model's prior for each
             # question (contextual calibration); its prefix is cached, so it costs the suffixes
             blank = P.render_prefix(self.format, CONTENT_FREE_STATE, self.context, self.specials)
-            calls.append(self.score_positions(blank, positions, naive=naive))
+            calls.append(self.score_positions(blank, positions, naive=naive, namespace=ns))
             priors = self._read(live, readings, calls[1], temperature)
             probs = {k: divide_prior(p, priors[k]) for k, p in probs.items()}
         answers = {}
@@ -557,15 +568,11 @@ class DecisionEngine:
         self.stats.questions += len(request.questions)
         self.stats.input_tokens += input_tokens
         self.stats.cached_tokens += cached
-        return {
-            "model": self.served_name,
-            "answers": answers,
-            "usage": {
-                "input_tokens": input_tokens,
-                "output_tokens": len(live),
-                "cached_tokens": cached,
-            },
-        }
+        usage = {"input_tokens": input_tokens, "output_tokens": len(live),
+                 "cached_tokens": cached}
+        if cache_writes:
+            usage["cache_write_tokens"] = sum(c.written_tokens for c in calls)
+        return {"model": self.served_name, "answers": answers, "usage": usage}
 
     def _read(self, live: Sequence[Question], readings: Sequence[Sequence[Reading]],
               scored: Scored, temperature: float) -> dict[str, list[float]]:

@@ -80,7 +80,7 @@ MAX_GENERATED_TOKENS = 2048
 """Open text one request may generate in all: each open field's bound (``max_open_tokens``,
 or ``maxLength + 1``) is summed before anything runs."""
 MAX_DECISION_SECONDS = 30.0
-"""Wall time one ``/v1/decisions`` request may compute, checked between fields and after
+"""Wall time one ``/v1/decisions/schema`` request may compute, checked between fields and after
 every generated token: past it the request is refused (413), it never holds a worker longer."""
 ESCAPE_KEY = "x-open"
 """Probability key of the escape candidate of an open field."""
@@ -1366,7 +1366,7 @@ def decide_schema(
 def parse_decisions(
     engine: DecisionEngine, body: Any, *, max_fields: int = MAX_FIELDS
 ) -> DecisionPlan:
-    """``POST /v1/decisions``: validate the decoded body into a plan, with no model work.
+    """``POST /v1/decisions/schema``: validate the decoded body into a plan, with no model work.
 
     Client faults raise :class:`ContractError` naming the field (the server answers 4xx). The
     run is bounded by ``max_fields`` fields and :data:`MAX_DECISION_SECONDS` of wall time.
@@ -1398,7 +1398,8 @@ def parse_decisions(
 
 
 class DecisionsRequestModel(BaseModel):
-    """``POST /v1/decisions`` body, for the OpenAPI document (validation: parse_decisions)."""
+    """``POST /v1/decisions/schema`` body, for the OpenAPI document (validation:
+    parse_decisions)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     model: str | None = Field(default=None, examples=[DEFAULT_MODEL_ALIAS])

@@ -14,11 +14,13 @@ class ScoreResult:
     """Candidate logits per suffix, in the order the candidates were given.
 
     ``cached_tokens`` is how many prefix tokens came from the prefix cache instead of being
-    computed for this call.
+    computed for this call; ``written_tokens`` how many prefix tokens this call computed and
+    stored in the prefix cache (0 where a backend does not say).
     """
 
     logits: list[list[float]]
     cached_tokens: int
+    written_tokens: int = 0
 
 
 def has_work(suffixes: Sequence[Sequence[int]], candidates: Sequence[Sequence[int]]) -> bool:

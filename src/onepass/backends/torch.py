@@ -88,6 +88,8 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 class TorchBackend:
     """A transformers causal LM behind the backend protocol."""
 
+    cache_namespaces = True  # score(namespace=...) partitions the prefix cache
+
     def __init__(
         self,
         model: Any,
@@ -267,12 +269,13 @@ class TorchBackend:
         cached_len, kv = self.cache.longest_prefix(prefix)
         return self._extend(prefix, cached_len, kv), cached_len
 
-    def _extend(self, prefix: Sequence[int], cached_len: int, kv: KV | None) -> KV | None:
+    def _extend(self, prefix: Sequence[int], cached_len: int, kv: KV | None,
+                namespace: str | None = None) -> KV | None:
         """Compute the uncached rest of ``prefix`` on top of ``kv`` and cache the whole."""
         if cached_len < len(prefix):
             positions = torch.arange(cached_len, len(prefix))
             _, kv = self._forward(prefix[cached_len:], positions, kv)
-            self.cache.put(prefix, kv)
+            self.cache.put(prefix, kv, namespace)
         return kv
 
     def _suffix_segments(self, prefix_len: int, lengths: Sequence[int],
@@ -365,18 +368,24 @@ class TorchBackend:
         prefix: Sequence[int],
         suffixes: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[int]],
+        *,
+        namespace: str | None = None,
     ) -> ScoreResult:
+        """``namespace``: the prefix-cache partition the prefix is looked up in and stored
+        under (see :class:`~onepass.cache.PrefixCache`)."""
         if not has_work(suffixes, candidates):
             return ScoreResult([], 0)
         logits: list[list[float]] = []
         with self._lock:
             groups = packing_groups([len(s) for s in suffixes], self.max_packed_tokens)
-            cached, kv = self.cache.longest_prefix(prefix) if prefix else (0, None)
+            cached, kv = self.cache.longest_prefix(prefix, namespace) if prefix else (0, None)
             fresh = list(prefix[cached:])
+            written = len(fresh) if self.cache.enabled \
+                and len(prefix) <= self.cache.max_tokens else 0  # what put() below stores
             first = sum(len(suffixes[i]) for i in groups[0])
             too_big = len(fresh) + first > self.max_packed_tokens
             if too_big or len(fresh) * first > self.merge_pairs:  # the prefix's own forward
-                kv, fresh = self._extend(prefix, cached, kv), []
+                kv, fresh = self._extend(prefix, cached, kv, namespace), []
             for group in groups:
                 # On a miss the uncached prefix rides in the first packed forward (one pass
                 # over the weights instead of two); its key/values are cached from there.
@@ -392,11 +401,11 @@ class TorchBackend:
                 if fresh:
                     kv = tuple((k[:, :, : len(prefix)].clone(), v[:, :, : len(prefix)].clone())
                                for k, v in out_kv)
-                    self.cache.put(prefix, kv)
+                    self.cache.put(prefix, kv, namespace)
                 ends = (len(fresh) + torch.tensor(lengths).cumsum(0) - 1).to(hidden.device)
                 logits += self._candidate_logits(hidden[ends], [candidates[i] for i in group])
                 fresh = []
-        return ScoreResult(logits, cached)
+        return ScoreResult(logits, cached, written)
 
     @torch.inference_mode()
     def reference_logits(self, tokens: Sequence[int], candidates: Sequence[int]) -> list[float]:
@@ -487,12 +496,14 @@ class TorchBackend:
 
     @torch.inference_mode()
     def load_prefix(self, arena: KVArena, table: list[int], owner: int,
-                    prompt: Sequence[int], *, keep_last: bool = True) -> int:
-        """Copy the longest cached prefix of ``prompt`` into the sequence's rows; returns its
-        length. With ``keep_last`` the prompt's last token is always left to compute (a
-        generation needs its logits, and the cache keeps keys/values, not logits)."""
+                    prompt: Sequence[int], *, keep_last: bool = True,
+                    namespace: str | None = None) -> int:
+        """Copy the longest cached prefix of ``prompt`` (in ``namespace``) into the sequence's
+        rows; returns its length. With ``keep_last`` the prompt's last token is always left to
+        compute (a generation needs its logits, and the cache keeps keys/values, not
+        logits)."""
         with self._lock:
-            cached, kv = self.cache.longest_prefix(prompt) if prompt else (0, None)
+            cached, kv = self.cache.longest_prefix(prompt, namespace) if prompt else (0, None)
             if keep_last:
                 cached = min(cached, len(prompt) - 1)
             if cached > 0 and kv is not None:
@@ -501,11 +512,14 @@ class TorchBackend:
             return cached
 
     @torch.inference_mode()
-    def store_prefix(self, arena: KVArena, table: Sequence[int], prompt: Sequence[int]) -> None:
-        """Cache the prompt's keys/values (a copy: the arena's rows are reused later)."""
+    def store_prefix(self, arena: KVArena, table: Sequence[int], prompt: Sequence[int], *,
+                     namespace: str | None = None) -> bool:
+        """Cache the prompt's keys/values (a copy: the arena's rows are reused later) in
+        ``namespace``; False when the cache does not take it."""
         with self._lock:
             if self.cache.enabled and len(prompt) <= self.cache.max_tokens:  # else put drops it
-                self.cache.put(prompt, arena.read(table, len(prompt)))
+                return self.cache.put(prompt, arena.read(table, len(prompt)), namespace)
+            return False
 
     @torch.inference_mode()
     def step(self, arena: KVArena, rows: Sequence[StepRow]) -> list[torch.Tensor | None]:

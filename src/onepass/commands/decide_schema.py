@@ -1,8 +1,8 @@
 """Decide every field of an ordered JSON Schema about a context and print the typed object.
 
-The output is the same JSON as ``POST /v1/decisions``: the object, per dotted field path its
-value, the distribution over its declared values and the prompt tokens reused from the cache,
-and the usage. A context file ending in ``.json`` is read as JSON, anything else as text.
+The output is the same JSON as ``POST /v1/decisions/schema``: the object, per dotted field path
+its value, the distribution over its declared values and the prompt tokens reused from the
+cache, and the usage. A context file ending in ``.json`` is read as JSON, anything else as text.
 
 Examples::
 

@@ -225,6 +225,8 @@ class _Decision:
     suffix_tables: list[list[int]] = field(default_factory=list)
     computed: int = 0
     cached: int = 0
+    written: int = 0  # prefix tokens this decision computed and stored in the prefix cache
+    namespace: str | None = None  # its prefix-cache partition (a prompt_cache_key)
     scheduled: int = 0  # suffixes sent to a step so far
     results: dict[int, list[float]] = field(default_factory=dict)
 
@@ -403,9 +405,12 @@ class GenerationScheduler:
         prefix: Sequence[int],
         suffixes: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[int]],
+        *,
+        namespace: str | None = None,
     ) -> Any:
         """The backend protocol's ``score``, run inside the shared steps: blocks until the
-        candidate logits are ready. Concurrent callers are packed into the same forwards."""
+        candidate logits are ready. Concurrent callers are packed into the same forwards.
+        ``namespace``: the prefix-cache partition its prefix is loaded from and stored in."""
         from onepass.backends.base import ScoreResult, has_work
 
         if not has_work(suffixes, candidates):
@@ -420,6 +425,7 @@ class GenerationScheduler:
             prefix=list(prefix), suffixes=[list(x) for x in suffixes],
             candidates=[list(c) for c in candidates], owner=next(self._owners),
             suffix_owners=[next(self._owners) for _ in suffixes], reserved=reserved,
+            namespace=namespace,
         )
         task.suffix_tables = [[] for _ in suffixes]
         self._enqueue(self._decisions_waiting, task)
@@ -427,7 +433,7 @@ class GenerationScheduler:
 
         # within the request's deadline (a server job), withdrawn if the model has not taken it
         logits = wait_for_model(task.future, lambda: self._withdraw(task))
-        return ScoreResult(logits, task.cached)
+        return ScoreResult(logits, task.cached, task.written)
 
     def complete(self, prompt: Sequence[int], max_tokens: int, *, matcher: Any = None,
                  until: Callable[[list[int]], bool] | None = None) -> Finish:
@@ -554,13 +560,14 @@ class GenerationScheduler:
                 break
             self._decisions_waiting.popleft()
             if any(d.computed < len(d.prefix) and task.prefix[:len(d.prefix)] == d.prefix
-                   for d in self._decisions):
+                   and d.namespace == task.namespace for d in self._decisions):
                 held.append(task)
                 continue
             self._reserved += task.reserved
             self._decisions.append(task)
             task.cached = task.computed = self.backend.load_prefix(
-                self.arena, task.table, task.owner, task.prefix, keep_last=False
+                self.arena, task.table, task.owner, task.prefix, keep_last=False,
+                namespace=task.namespace,
             )
         self._decisions_waiting.extendleft(reversed(held))
         self._drop_waiting()
@@ -711,8 +718,10 @@ class GenerationScheduler:
     def _absorb_decision(self, task: _Decision, row: Any, hidden: Any) -> None:
         if row.owner == task.owner:  # a prefix chunk
             task.computed += len(row.tokens)
-            if task.computed == len(task.prefix) and task.cached < len(task.prefix):
-                self.backend.store_prefix(self.arena, task.table, task.prefix)
+            if task.computed == len(task.prefix) and task.cached < len(task.prefix) \
+                    and self.backend.store_prefix(self.arena, task.table, task.prefix,
+                                                  namespace=task.namespace):
+                task.written = len(task.prefix) - task.cached
             return
         i = task.suffix_owners.index(row.owner)
         task.results[i] = self.backend.candidate_logits(hidden[None], [task.candidates[i]])[0]

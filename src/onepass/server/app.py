@@ -1,12 +1,14 @@
 """The System One HTTP server: ``create_app(engine_or_loader, settings)``.
 
-Routes: ``POST /v1/systemone``, ``POST /v1/decisions``, ``GET /v1/models``, ``GET /health``,
-``GET /health/live``, ``GET /metrics``, ``GET /.skill`` (how to call each, for an LLM agent),
-``POST /generate`` (token-id scoring in SGLang's shape, for a worker behind sglang-router:
-``generate_compat``), and the OpenAPI document at ``/openapi.json``. There is no ``/docs`` or
-``/redoc`` page: FastAPI's load their scripts from a CDN (a browser on the page runs whatever
-that host serves), and the one PyPI package that ships Swagger UI (swagger-ui-bundle 1.1.0,
-2023) bundles a 2022 release; any OpenAPI viewer reads ``/openapi.json``.
+Routes: ``POST /v1/systemone``, ``POST /v1/decisions`` (the OpenAI Decisions API) and
+``POST /v1/decisions/schema`` (JSON-Schema decisions; both in ``routes_decisions``),
+``GET /v1/models``, ``GET /health``, ``GET /health/live``, ``GET /metrics``, ``GET /.skill``
+(how to call each, for an LLM agent), ``POST /generate`` (token-id scoring in SGLang's shape,
+for a worker behind sglang-router: ``generate_compat``), and the OpenAPI document at
+``/openapi.json``. There is no ``/docs`` or ``/redoc`` page: FastAPI's load their scripts from
+a CDN (a browser on the page runs whatever that host serves), and the one PyPI package that
+ships Swagger UI (swagger-ui-bundle 1.1.0, 2023) bundles a 2022 release; any OpenAPI viewer
+reads ``/openapi.json``.
 
 The request path: auth → readiness → body (size cap, Content-Encoding decoded with a cap on
 the decoded size) → JSON (duplicate keys refused) → contract validation (a decisions schema is
@@ -16,16 +18,16 @@ request writes one structured access-log line.
 
 Modules: ``body`` (bytes → JSON), ``encoding`` (Content-Encoding with caps), ``errors``
 (envelope and status table), ``context`` (request id, access log, 500s), ``runtime`` (engine
-loading, queue, drain), ``scheduler`` (bounded queue + deadline), ``metrics``, ``settings``.
+loading, queue, drain), ``scheduler`` (bounded queue + deadline), ``serving`` (the decision
+routes' shared path: checks off the loop, queue, usage in logs and metrics), ``metrics``,
+``settings``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -38,19 +40,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from onepass.contract import (
     DEFAULT_MODEL_ALIAS,
-    ContractError,
     DecisionRequest,
     SystemOneRequestModel,
     SystemOneResponseModel,
     parse_request,
 )
-from onepass.prompt import LabelError
-from onepass.schema import (
-    DecisionsRequestModel,
-    DecisionsResponseModel,
-    parse_decisions,
-    run_plan,
-)
+from onepass.schema import DecisionsRequestModel
 from onepass.server.body import read_json
 from onepass.server.context import (
     RequestContextMiddleware,
@@ -59,29 +54,18 @@ from onepass.server.context import (
     log_fields,
     request_id,
 )
-from onepass.server.errors import ApiError, from_contract, retry_headers
+from onepass.server.decisions_openai import OpenAIDecisionsRequestModel
+from onepass.server.errors import ApiError, retry_headers
 from onepass.server.generate_compat import GenerateScoringRequest
 from onepass.server.generate_compat import register as register_generate_compat
 from onepass.server.openai_schema import REQUEST_MODELS as GENERATION_REQUEST_MODELS
 from onepass.server.playground import register as register_playground
+from onepass.server.routes_decisions import register as register_decisions
 from onepass.server.routes_generation import register as register_generation
 from onepass.server.runtime import Runtime
+from onepass.server.serving import ERROR_RESPONSES, answer, body_spec, contract_check
 from onepass.server.settings import ServerSettings
 from onepass.server.skill import register as register_skill
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    field: str | None = None
-    request_id: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """Every error: ``error.message`` names the field and what was expected."""
-
-    error: ErrorBody
-    detail: list[dict[str, Any]] | None = None
 
 
 class ModelCard(BaseModel):
@@ -104,31 +88,24 @@ class ModelList(BaseModel):
     models: list[ModelMetadata]
 
 
-_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Invalid request (a contract rule, bad JSON, "
-          "duplicate key, corrupt compressed body, box question, image assets)"},
-    401: {"model": ErrorResponse, "description": "Wrong API key (only with --api-key)"},
-    403: {"model": ErrorResponse, "description": "Missing API key (only with --api-key)"},
-    404: {"model": ErrorResponse, "description": "Unknown model"},
-    413: {"model": ErrorResponse, "description": "Body, decoded body, prompt tokens or question "
-          "count over the limit"},
-    415: {"model": ErrorResponse, "description": "Unsupported Content-Encoding"},
-    422: {"model": ErrorResponse, "description": "Body does not match the schema (with a "
-          "FastAPI-style detail list)"},
-    429: {"model": ErrorResponse, "description": "Saturated: retry after retry-after-ms / "
-          "retry-after", "headers": {
-              "retry-after-ms": {"schema": {"type": "integer"}},
-              "retry-after": {"schema": {"type": "integer"}}}},
-    503: {"model": ErrorResponse, "description": "Model loading or server shutting down"},
-}
-
-
 # a working request for each body model without its own example (shown in /openapi.json and
 # /.skill; a test sends each one to the server)
 _BODY_EXAMPLES: dict[str, dict[str, Any]] = {
     "SystemOneRequestModel": {
         "state": "Hello! How are you today?",
         "questions": {"greeting": {"type": "noul", "instructions": "The text is a greeting."}},
+    },
+    "OpenAIDecisionsRequestModel": {
+        "model": DEFAULT_MODEL_ALIAS,
+        "input": "Team lunch with a client: 42 EUR, receipt attached.",
+        "questions": [
+            {"type": "predicate", "name": "refundable",
+             "instructions": "The expense is refundable."},
+            {"type": "choice", "name": "category", "instructions": "What kind of expense?",
+             "choices": [{"value": "meal"}, {"value": "travel"}, {"value": "equipment"}]},
+            {"type": "score", "name": "urgency", "instructions": "How urgent is it?",
+             "levels": [{"label": "low"}, {"label": "medium"}, {"label": "high"}]},
+        ],
     },
     "DecisionsRequestModel": {
         "context": "Team lunch with a client: 42 EUR, receipt attached.",
@@ -150,27 +127,6 @@ def served_routes(app: FastAPI) -> str:
             by_path.setdefault(getattr(route, "path", ""), []).extend(methods)
     return ", ".join(f"{'/'.join(methods)} {path}" for path, methods in by_path.items()
                      if methods)
-
-
-def _body_spec(schema_name: str) -> dict[str, Any]:
-    """The requestBody and Content-Encoding parameter as the server really reads them."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{schema_name}"}}},
-            "description": "JSON; may be sent with Content-Encoding zstd, gzip or deflate. "
-            "Duplicate keys, NaN/Infinity tokens and multipart bodies are refused.",
-        },
-        "parameters": [{
-            "name": "content-encoding",
-            "in": "header",
-            "required": False,
-            "schema": {"type": "string", "enum": ["zstd", "gzip", "deflate", "identity"]},
-            "description": "Compression of the request body (the official client sends zstd "
-            "for bodies of 1 KiB or more)",
-        }],
-    }
 
 
 # --------------------------------------------------------------------------- the app
@@ -264,8 +220,8 @@ def create_app(
         "/v1/systemone",
         dependencies=auth,
         response_class=StrictJSONResponse,
-        responses={200: {"model": SystemOneResponseModel}, **_ERROR_RESPONSES},
-        openapi_extra=_body_spec("SystemOneRequestModel"),
+        responses={200: {"model": SystemOneResponseModel}, **ERROR_RESPONSES},
+        openapi_extra=body_spec("SystemOneRequestModel"),
         summary="Answer typed questions (noul, choice, score) about a state",
         tags=["System One"],
     )
@@ -288,76 +244,17 @@ def create_app(
             engine.check_model(parsed.model)
             return parsed, engine
 
-        raw, (parsed, engine) = await read_json(request, settings, _contract(check))
-        result = await _answer(request, lambda: engine.answer(parsed), raw, engine=engine)
+        raw, (parsed, engine) = await read_json(request, settings, contract_check(check))
+        result = await answer(request, rt, lambda: engine.answer(parsed), raw, engine=engine)
         return StrictJSONResponse(result)
 
-    def _contract(check: Callable[[Any], Any], schema: type[BaseModel] = SystemOneRequestModel
-                  ) -> Callable[[Any], tuple[Any, Any]]:
-        """``check`` of a parsed body as ``read_json`` runs it (off the event loop): the body
-        and its result, a contract fault mapped to its status there too (a 422 validates the
-        whole body against ``schema``: CPU that grows with the body)."""
-        def run(raw: Any) -> tuple[Any, Any]:
-            try:
-                return raw, check(raw)
-            except ContractError as exc:
-                raise from_contract(exc, raw, schema) from None
-
-        return run
-
-    async def _answer(request: Request, work: Callable[[], Any], raw: Any,
-                      schema: type[BaseModel] = SystemOneRequestModel,
-                      engine: Any = None) -> dict[str, Any]:
-        fields = log_fields(request)
-        try:
-            result = await rt.run(request, work, engine)
-        except ContractError as exc:  # mapping it may validate the whole body: off the loop
-            raise await asyncio.to_thread(from_contract, exc, raw, schema) from None
-        except LabelError as exc:
-            raise ApiError(422, f"questions: {exc}", "unprocessable_request",
-                           field="questions") from None
-        usage = result.get("usage") or {}
-        fields["model"] = result.get("model")
-        fields["input_tokens"] = usage.get("input_tokens")
-        fields["cached_tokens"] = usage.get("cached_tokens")
-        _check_finite(result)
-        rt.metrics.observe_answer(result, fields.get("queue_ms", 0) / 1000,
-                                  fields.get("compute_ms", 0) / 1000)
-        return result
-
-    @app.post(
-        "/v1/decisions",
-        dependencies=auth,
-        response_class=StrictJSONResponse,
-        responses={200: {"model": DecisionsResponseModel}, **_ERROR_RESPONSES},
-        openapi_extra=_body_spec("DecisionsRequestModel"),
-        summary="Fill an ordered JSON Schema with typed decisions",
-        tags=["Decisions"],
-    )
-    async def decisions(request: Request) -> Response:
-        rt.require_engine()
-
-        def check(raw: Any) -> tuple[Any, Any]:
-            model = raw.get("model") if isinstance(raw, dict) else None
-            engine = rt.engine_for(model if isinstance(model, str) else None)
-            # validation and compilation (bounded) before anything is queued
-            return engine, parse_decisions(engine, raw, max_fields=settings.max_questions)
-
-        raw, (engine, plan) = await read_json(request, settings,
-                                              _contract(check, DecisionsRequestModel))
-        fields = log_fields(request)
-        fields["model"] = raw.get("model") or engine.served_name
-        fields["questions"] = len(plan.compiled.fields)
-        result = await _answer(
-            request, lambda: run_plan(engine, plan).to_dict(), raw, DecisionsRequestModel,
-            engine,
-        )
-        return StrictJSONResponse(result)
+    # POST /v1/decisions (OpenAI Decisions) and /v1/decisions/schema (JSON-Schema decisions)
+    register_decisions(app, auth)
 
     @app.get("/v1/models", dependencies=auth, tags=["System One"],
              response_class=StrictJSONResponse,
-             responses={200: {"model": ModelList}, 401: _ERROR_RESPONSES[401],
-                        403: _ERROR_RESPONSES[403], 503: _ERROR_RESPONSES[503]},
+             responses={200: {"model": ModelList}, 401: ERROR_RESPONSES[401],
+                        403: ERROR_RESPONSES[403], 503: ERROR_RESPONSES[503]},
              summary="The served models and the default model's aliases")
     async def models() -> Response:
         default = rt.require_engine(task=None)  # every model is listed, embedding ones too
@@ -425,8 +322,8 @@ def create_app(
         doc = get_openapi(title=app.title, version=app.version, summary=app.summary,
                           routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (SystemOneRequestModel, DecisionsRequestModel, GenerateScoringRequest,
-                      *GENERATION_REQUEST_MODELS.values()):
+        for model in (SystemOneRequestModel, DecisionsRequestModel, OpenAIDecisionsRequestModel,
+                      GenerateScoringRequest, *GENERATION_REQUEST_MODELS.values()):
             schema = model.model_json_schema(
                 ref_template="#/components/schemas/{model}", by_alias=True
             )
@@ -455,18 +352,6 @@ def _unhealthy_engines(engines: dict[str, Any]) -> dict[str, str]:
             if not ok:
                 down[name] = detail
     return down
-
-
-def _check_finite(value: Any) -> None:
-    """A NaN/Infinity in a response is a server bug: fail loudly (500, logged)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("the engine produced a non-finite number")
-    if isinstance(value, dict):
-        for v in value.values():
-            _check_finite(v)
-    elif isinstance(value, list):
-        for v in value:
-            _check_finite(v)
 
 
 def _version() -> str:

@@ -41,6 +41,7 @@ from onepass.server.context import StrictJSONResponse, log_fields, request_id
 from onepass.server.errors import STATUS_BY_KIND, ApiError, ClientGone, retry_headers
 from onepass.server.response_store import ResponseStore, Stored
 from onepass.server.runtime import Runtime, is_embedding
+from onepass.server.serving import body_spec
 from onepass.server.settings import ServerSettings
 
 log = logging.getLogger("onepass.server")
@@ -333,7 +334,6 @@ def _usage_log(request: Request, model: str, usage: W.Usage, metrics: Any) -> No
 
 def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any]) -> None:
     """Add the generation routes to ``app`` (one response store per app)."""
-    from onepass.server.app import _body_spec  # app imports this module: resolved at call time
 
     store = ResponseStore()
     hooked: set[int] = set()
@@ -425,7 +425,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @app.post("/v1/chat/completions", dependencies=auth, tags=_TAGS,
               responses=_ok(S.ChatCompletionResponseModel, "chat.completion.chunk events "
                             "ending with data: [DONE]"),
-              openapi_extra=_body_spec("ChatCompletionRequestModel"),
+              openapi_extra=body_spec("ChatCompletionRequestModel"),
               summary="OpenAI Chat Completions (text), streaming with stream: true")
     @_openai_errors
     async def chat_completions(request: Request) -> Response:
@@ -499,7 +499,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @app.post("/v1/completions", dependencies=auth, tags=_TAGS,
               responses=_ok(S.CompletionResponseModel, "text_completion chunks ending with "
                             "data: [DONE]"),
-              openapi_extra=_body_spec("CompletionRequestModel"),
+              openapi_extra=body_spec("CompletionRequestModel"),
               summary="OpenAI Completions: text or token-id prompt; max_tokens 0 with echo "
               "and logprobs scores the prompt")
     @_openai_errors
@@ -617,7 +617,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               responses=_ok(S.ResponseObjectModel, "lifecycle events: response.created, "
                             "response.in_progress, response.output_text.delta ..., then "
                             "response.completed or response.incomplete"),
-              openapi_extra=_body_spec("ResponseRequestModel"),
+              openapi_extra=body_spec("ResponseRequestModel"),
               summary="OpenAI Responses (text): streaming lifecycle events, store, "
               "previous_response_id")
     @_openai_errors
@@ -751,7 +751,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
     @app.post("/v1/embeddings", dependencies=auth, tags=_TAGS,
               responses=_ok(S.EmbeddingResponseModel),
-              openapi_extra=_body_spec("EmbeddingRequestModel"),
+              openapi_extra=body_spec("EmbeddingRequestModel"),
               summary="OpenAI Embeddings: a sentence-embedding model's vectors (task "
               "embedding), or a decoder's mean-pooled final hidden states")
     @_openai_errors

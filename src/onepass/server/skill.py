@@ -45,8 +45,8 @@ def server_limits(settings: ServerSettings) -> list[Limit]:
         Limit("max_body_bytes", settings.max_body_bytes,
               "request body bytes, counted again after Content-Encoding decoding: 413 above"),
         Limit("max_questions", settings.max_questions,
-              "questions per POST /v1/systemone, schema fields per POST /v1/decisions: "
-              "413 above"),
+              "questions per POST /v1/systemone or POST /v1/decisions, schema fields per "
+              "POST /v1/decisions/schema: 413 above"),
         Limit("max_queue", settings.max_queue,
               "decision requests waiting per model: 429 with retry-after-ms when full"),
         Limit("request_deadline", settings.request_deadline,
