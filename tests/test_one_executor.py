@@ -49,6 +49,13 @@ def test_open_values_in_shared_steps_equal_the_backend_loop(engine, shared_steps
     shared = decide(shared_steps)
     assert shared.fields["note"].generated and len(shared.fields["note"].value) > 10
     assert shared.value == alone.value
+    # each sequential prompt reads the previous one from the cache: all of it through the
+    # backend's loop, all but its last token through the shared steps (a decision stores its
+    # prefix; the position it reads is a suffix)
+    fields = list(shared.fields.values())
+    for prev, cur in zip(fields, fields[1:]):
+        assert cur.tokens[: len(prev.tokens)] == prev.tokens
+        assert cur.cached_tokens >= len(prev.tokens) - 1
     for name in ("note", "amount"):
         assert shared.fields[name].probabilities == pytest.approx(
             alone.fields[name].probabilities, abs=1e-4)
