@@ -65,6 +65,7 @@ from onepass.contract import (
     MAX_SCORE_LEVELS,
     ContractError,
     DecisionRequest,
+    _describe,
     parse_request,
 )
 from onepass.prompt import render_content
@@ -119,20 +120,9 @@ class DecisionsCall:
 # --------------------------------------------------------------------------- checks
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    return {str: "a string", list: "an array", dict: "an object"}.get(type(value),
-                                                                     type(value).__name__)
-
-
 def _string(value: Any, where: str, *, blank: bool = False) -> str:
     if not isinstance(value, str):
-        raise ContractError(where, f"expected a string, got {_kind(value)}")
+        raise ContractError(where, f"expected a string, got {_describe(value)}")
     if not blank and not value.strip():
         raise ContractError(where, "expected a non-empty string")
     return value
@@ -140,7 +130,7 @@ def _string(value: Any, where: str, *, blank: bool = False) -> str:
 
 def _object(value: Any, where: str, what: str = "an object") -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ContractError(where, f"expected {what}, got {_kind(value)}")
+        raise ContractError(where, f"expected {what}, got {_describe(value)}")
     return value
 
 
@@ -154,7 +144,7 @@ def _closed(obj: dict[str, Any], where: str, allowed: set[str]) -> None:
 def _optional(obj: dict[str, Any], key: str, where: str, choices: tuple[str, ...]) -> None:
     value = obj.get(key)
     if value is not None and value not in choices:
-        got = repr(value) if isinstance(value, str) else _kind(value)
+        got = repr(value) if isinstance(value, str) else _describe(value)
         raise ContractError(f"{where}.{key}", f"expected one of {', '.join(choices)}, got {got}")
 
 
@@ -172,7 +162,7 @@ def _json_data(part: dict[str, Any], where: str) -> Any:
     if not (isinstance(data, dict) or (isinstance(data, list) and data
                                        and all(isinstance(x, dict) for x in data))):
         raise ContractError(f"{where}.data", "expected a JSON object or an array of objects, "
-                            f"got {_kind(data)}")
+                            f"got {_describe(data)}")
     size = len(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode())
     if size > MAX_JSON_PART_BYTES:
         raise ContractError(f"{where}.data", f"{size} bytes of compact JSON is over the "
@@ -187,7 +177,7 @@ def _parts(value: Any, where: str, kinds: set[str], *, lone: bool = False) -> An
         return value
     if not isinstance(value, list) or not value:
         raise ContractError(where, f"expected a string or a non-empty array of parts, got "
-                            f"{_kind(value) if value != [] else 'an empty array'}")
+                            f"{_describe(value) if value != [] else 'an empty array'}")
     texts: list[Any] = []
     for i, raw in enumerate(value):
         at = f"{where}[{i}]"
@@ -196,7 +186,7 @@ def _parts(value: Any, where: str, kinds: set[str], *, lone: bool = False) -> An
         if kind == "input_image":
             raise ContractError(f"{at}.type", _TEXT_ONLY, kind="unsupported_asset")
         if kind not in kinds:
-            got = repr(kind) if isinstance(kind, str) else _kind(kind)
+            got = repr(kind) if isinstance(kind, str) else _describe(kind)
             raise ContractError(f"{at}.type", f"expected one of {', '.join(sorted(kinds))}, "
                                 f"got {got}")
         if kind == "input_json":
@@ -237,7 +227,7 @@ def render_input(value: Any) -> Any:
         return value
     if not isinstance(value, list) or not value:
         raise ContractError("input", "expected a string or a non-empty array of input items, "
-                            f"got {_kind(value) if value != [] else 'an empty array'}")
+                            f"got {_describe(value) if value != [] else 'an empty array'}")
     blocks: list[str] = []
     calls: dict[str, tuple[str, int]] = {}  # call_id -> (item type, index)
     for i, raw in enumerate(value):
@@ -247,7 +237,7 @@ def render_input(value: Any) -> Any:
         if kind == "message":
             role = item.get("role")
             if role not in _ROLES:
-                got = repr(role) if isinstance(role, str) else _kind(role)
+                got = repr(role) if isinstance(role, str) else _describe(role)
                 raise ContractError(f"{where}.role", "expected one of user, developer, system, "
                                     f"assistant, got {got}")
             _closed(item, where, {"type", "role", "content"} | (
@@ -292,7 +282,7 @@ def render_input(value: Any) -> Any:
             output = _parts(item["output"], f"{where}.output", {"input_text"})
             blocks.append(f"{title} (call_id {call_id}): {output}")
         else:
-            got = repr(kind) if isinstance(kind, str) else _kind(kind)
+            got = repr(kind) if isinstance(kind, str) else _describe(kind)
             raise ContractError(f"{where}.type", "expected message, function_call, "
                                 "function_call_output, custom_tool_call or "
                                 f"custom_tool_call_output, got {got}")
@@ -335,13 +325,13 @@ def _question(raw: Any, i: int) -> tuple[Asked, dict[str, Any]]:
     q = _object(raw, where, "a question object")
     kind = q.get("type")
     if kind not in ("predicate", "choice", "score"):
-        got = repr(kind) if isinstance(kind, str) else _kind(kind)
+        got = repr(kind) if isinstance(kind, str) else _describe(kind)
         raise ContractError(f"{where}.type", f"expected predicate, choice or score, got {got}")
     extra = {"predicate": set(), "choice": {"choices"}, "score": {"levels"}}[kind]
     _closed(q, where, {"type", "name", "instructions"} | extra)
     name = q.get("name")
     if name is not None and not isinstance(name, str):
-        raise ContractError(f"{where}.name", f"expected a string, got {_kind(name)}")
+        raise ContractError(f"{where}.name", f"expected a string, got {_describe(name)}")
     if "instructions" not in q:
         raise ContractError(f"{where}.instructions", "field required")
     instructions = _parts(q["instructions"], f"{where}.instructions",
@@ -354,7 +344,7 @@ def _question(raw: Any, i: int) -> tuple[Asked, dict[str, Any]]:
     if kind == "choice":
         choices = q.get("choices")
         if not isinstance(choices, list):
-            raise ContractError(f"{where}.choices", f"expected an array, got {_kind(choices)}")
+            raise ContractError(f"{where}.choices", f"expected an array, got {_describe(choices)}")
         if not MIN_CHOICES <= len(choices) <= MAX_CHOICE_OPTIONS:
             raise ContractError(f"{where}.choices", f"expected {MIN_CHOICES} to "
                                 f"{MAX_CHOICE_OPTIONS} choices, got {len(choices)}")
@@ -368,7 +358,7 @@ def _question(raw: Any, i: int) -> tuple[Asked, dict[str, Any]]:
             value = choice.get("value")
             if not isinstance(value, (str, bool)):
                 raise ContractError(f"{at}.value", f"expected a string or a boolean, got "
-                                    f"{_kind(value) if 'value' in choice else 'nothing'}")
+                                    f"{_describe(value) if 'value' in choice else 'nothing'}")
             typed = (type(value), value)
             if typed in seen:
                 raise ContractError(f"{at}.value", f"duplicate choice {json.dumps(value)}: "
@@ -382,7 +372,7 @@ def _question(raw: Any, i: int) -> tuple[Asked, dict[str, Any]]:
                  "criteria": dict(zip(options, descriptions))})
     levels = q.get("levels")
     if not isinstance(levels, list):
-        raise ContractError(f"{where}.levels", f"expected an array, got {_kind(levels)}")
+        raise ContractError(f"{where}.levels", f"expected an array, got {_describe(levels)}")
     if not MIN_LEVELS <= len(levels) <= MAX_SCORE_LEVELS:
         raise ContractError(f"{where}.levels", f"expected {MIN_LEVELS} to {MAX_SCORE_LEVELS} "
                             f"levels (onepass reads a score from at most {MAX_SCORE_LEVELS}), "
@@ -403,6 +393,16 @@ def _question(raw: Any, i: int) -> tuple[Asked, dict[str, Any]]:
 # --------------------------------------------------------------------------- body
 
 
+def _short_string(value: Any, field: str, limit: int) -> str | None:
+    """An optional string of at most ``limit`` characters (None when absent)."""
+    if value is None:
+        return None
+    _string(value, field, blank=True)
+    if len(value) > limit:
+        raise ContractError(field, f"expected at most {limit} characters, got {len(value)}")
+    return value
+
+
 def parse_body(raw: Any) -> DecisionsCall:
     """Validate a decoded body (no model work): every fault names its field."""
     body = _object(raw, "body", "a JSON object")
@@ -419,7 +419,7 @@ def parse_body(raw: Any) -> DecisionsCall:
     questions = body.get("questions")
     if not isinstance(questions, list):
         raise ContractError("questions", "expected an array of 1 to 400 questions, got "
-                            f"{_kind(questions) if 'questions' in body else 'nothing'}")
+                            f"{_describe(questions) if 'questions' in body else 'nothing'}")
     if not MIN_QUESTIONS <= len(questions) <= MAX_QUESTIONS:
         raise ContractError("questions", f"expected {MIN_QUESTIONS} to {MAX_QUESTIONS} "
                             f"questions, got {len(questions)}")
@@ -428,12 +428,7 @@ def parse_body(raw: Any) -> DecisionsCall:
         one, question = _question(q, i)
         asked.append(one)
         wire[one.key] = question
-    cache_key = body.get("prompt_cache_key")
-    if cache_key is not None:
-        _string(cache_key, "prompt_cache_key", blank=True)
-        if len(cache_key) > MAX_CACHE_KEY:
-            raise ContractError("prompt_cache_key", f"expected at most {MAX_CACHE_KEY} "
-                                f"characters, got {len(cache_key)}")
+    cache_key = _short_string(body.get("prompt_cache_key"), "prompt_cache_key", MAX_CACHE_KEY)
     options = body.get("prompt_cache_options")
     if options is not None:
         options = _object(options, "prompt_cache_options")
@@ -441,15 +436,10 @@ def parse_body(raw: Any) -> DecisionsCall:
         _optional(options, "mode", "prompt_cache_options", ("implicit", "explicit"))
         if "ttl" in options and options["ttl"] != "30m":
             got = options["ttl"]
-            got = repr(got) if isinstance(got, str) else _kind(got)
+            got = repr(got) if isinstance(got, str) else _describe(got)
             raise ContractError("prompt_cache_options.ttl",
                                 f"expected '30m' (the only supported value), got {got}")
-    safety = body.get("safety_identifier")
-    if safety is not None:
-        _string(safety, "safety_identifier", blank=True)
-        if len(safety) > MAX_SAFETY_IDENTIFIER:
-            raise ContractError("safety_identifier", f"expected at most "
-                                f"{MAX_SAFETY_IDENTIFIER} characters, got {len(safety)}")
+    _short_string(body.get("safety_identifier"), "safety_identifier", MAX_SAFETY_IDENTIFIER)
     system_one: dict[str, Any] = {"model": model, "state": state, "questions": wire}
     for key in ("temperature", "debias"):  # onepass extensions, checked by the contract
         if body.get(key) is not None:
