@@ -150,10 +150,13 @@ def test_prompt_too_long_names_the_input(client):
     assert info.value.status_code == 413 and "input" in info.value.message
 
 
-def test_wrong_api_key_is_an_authentication_error(engine):
+def test_wrong_api_key_is_an_authentication_error(engine, monkeypatch):
     httpx2 = pytest.importorskip("httpx2")
     from onepass.server import ServerSettings, create_app
 
+    # the app shares the session engine's steps; the tests after this one that read the
+    # packed forward get the engine back as it was
+    monkeypatch.setattr(engine, "scorer", engine.scorer)
     app = create_app(engine, ServerSettings(api_key="right"))
 
     async def run(key):
