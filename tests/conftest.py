@@ -43,6 +43,14 @@ def engine():
     return DecisionEngine.from_pretrained(dtype="float32")
 
 
+@pytest.fixture
+def library_path(engine, monkeypatch):
+    """Pin the path of a caller without shared steps (the CLI, Python) on the session engine,
+    whatever an earlier in-process server test left on it (a server shares the model's steps:
+    tests/test_one_executor.py pins that path)."""
+    monkeypatch.setattr(engine, "scorer", None)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """One real `onepass serve` (embedded model, default settings, one thread) shared by every

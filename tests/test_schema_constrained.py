@@ -22,6 +22,9 @@ from onepass.schema import (
     record_text,
 )
 
+# the CLI's and Python's path (open values in the server's steps: tests/test_one_executor.py)
+pytestmark = pytest.mark.usefixtures("library_path")
+
 CONTEXT = ("Invoice INV-2041 from Acme Corp, dated 2024-03-03. Contact: Jane Doe "
            "<jane.doe@example.org>. Total 1250 EUR for 3 items.")
 META = ("x-open", "description", "enum", "x-question")

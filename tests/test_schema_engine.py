@@ -24,7 +24,8 @@ from onepass.schema import (
     run_plan,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.usefixtures("library_path")]  # the CLI's and Python's path
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,12 +36,6 @@ def one_thread():
     yield
     torch.set_num_threads(saved)
 
-@pytest.fixture(autouse=True)
-def library_path(engine, monkeypatch):
-    """These tests pin the path of a caller without shared steps (the CLI, Python), whatever
-    an earlier server test left on the session engine; tests/test_one_executor.py pins the
-    server's (open values and sequential prompts inside the step scheduler)."""
-    monkeypatch.setattr(engine, "scorer", None)
 
 
 CONTEXT = "Taxi from the airport to the hotel, 42 EUR, paid personally; the receipt is missing."
