@@ -21,6 +21,30 @@ DATA = SHARED / "data"
 os.environ.setdefault("ONEPASS_DTYPE", "float32")
 
 
+# Tiers, marked here from what a test uses (`pytest -m`): "model" loads the real embedded
+# model, "process" is in a module that starts other processes (a server, a CLI command, a
+# training run), "proof" is a long measured proof (learning, quantization agreement, invariance
+# over many packings: the tests marked slow). Plain `pytest` runs them all (the README command,
+# CI); the quick developer loop is `pytest -m "not process and not proof"`.
+MODEL_FIXTURES = {"engine", "float32_engine", "probe_reference", "server", "clinc_lora",
+                  "gguf_engine", "library_path"}
+STARTS_PROCESSES = ("serve(", "serving(", "subprocess", "onepass_command(", "Popen(")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    sources: dict[Path, str] = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        text = sources.setdefault(path, path.read_text())
+        process = "server" in item.fixturenames or any(s in text for s in STARTS_PROCESSES)
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.proof)
+        if process:
+            item.add_marker(pytest.mark.process)
+        if process or MODEL_FIXTURES & set(item.fixturenames) or "from_pretrained(" in text:
+            item.add_marker(pytest.mark.model)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def float32_auto():
     import torch
@@ -37,10 +61,17 @@ def float32_auto():
 
 
 @pytest.fixture(scope="session")
-def engine():
+def float32_engine():
+    """The embedded model in float32: the suite's engine, and the reference of the modules that
+    test another compute under the name ``engine`` (bfloat16, quantized)."""
     from onepass import DecisionEngine
 
     return DecisionEngine.from_pretrained(dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def engine(float32_engine):
+    return float32_engine
 
 
 @pytest.fixture
@@ -63,13 +94,13 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def probe_reference(engine, data_dir):
+def probe_reference(float32_engine, data_dir):
     """The 100 probe requests and the float32 engine's answers: the reference every quantized
     variant is compared with, computed once per run."""
     from onepass.commands.quantize import default_probes
 
     requests = default_probes(data_dir)
-    return requests, [engine.answer(r) for r in requests]
+    return requests, [float32_engine.answer(r) for r in requests]
 
 
 def running_in_ci() -> bool:

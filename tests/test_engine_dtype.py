@@ -24,11 +24,9 @@ from test_engine import (  # noqa: F401  (collected here, run against this modul
     test_split_packing_reads_the_same_numbers,
 )
 from test_generate_engine import chat_ids, greedy_by_recomputation
-from train_support import ROOT
 
 from onepass.backends import torch as backend_module
 from onepass.backends.torch import pick_dtype
-from onepass.datasets import probe_requests
 from onepass.engine import DecisionEngine
 from onepass.evaluate import compare_answers
 
@@ -85,11 +83,9 @@ def test_the_candidate_readout_stays_float32(engine):
 
 
 @pytest.mark.slow
-def test_bfloat16_answers_the_probe_requests_like_float32(engine, data_dir):
-    requests = probe_requests(data_dir, ROOT / "benchmarks" / "data" / "handwritten.jsonl")
+def test_bfloat16_answers_the_probe_requests_like_float32(engine, probe_reference):
+    requests, reference = probe_reference  # the float32 answers, computed once per run
     assert len(requests) == 100
-    float_engine = DecisionEngine.from_pretrained(device="cpu", dtype="float32")
-    reference = [float_engine.answer(r) for r in requests]
     answers = [engine.answer(r) for r in requests]
     result = compare_answers(reference, answers)
     print(f"\nbfloat16 vs float32: agreement {result['agreement']:.2f} (>= {BF16_MIN_AGREEMENT}), "

@@ -104,19 +104,20 @@ def test_decisions_in_the_servers_shared_steps_read_the_packed_forwards_bits(eng
 def test_rotations_give_one_answer_under_every_order_of_five_options(engine):
     """``--debias rotations`` reads every cyclic rotation of the options in name order, so any
     declared order reads the same prompts; here they also read the same bits wherever they
-    are packed: all 120 orders of a 5-option choice as 120 questions of one request (600
-    suffixes over several forwards, on a miss), then one order alone on a hit."""
+    are packed: every third of the 120 orders of a 5-option choice as 40 questions of one
+    request (200 suffixes over several forwards, on a miss; all 120 took 7 minutes at this
+    CPU's emulated bfloat16 and proved nothing more), then one order alone on a hit."""
     names = ["billing", "logistics", "returns", "support", "fraud"]
     orders = {f"o{i}": {"type": "choice", "instructions": "Which team?",
                         "criteria": {name: None for name in order}}
-              for i, order in enumerate(itertools.permutations(names))}
+              for i, order in enumerate(itertools.permutations(names)) if i % 3 == 0}
     engine.backend.cache.clear()
     together = engine.answer({"state": STATE, "questions": orders, "debias": "rotations"})
-    alone = engine.answer({"state": STATE, "questions": {"o7": orders["o7"]},
+    alone = engine.answer({"state": STATE, "questions": {"o21": orders["o21"]},
                            "debias": "rotations"})
     seen = {(a["choice"], tuple(sorted(a["probabilities"].items())))
-            for a in (*together["answers"].values(), alone["answers"]["o7"])}
-    assert len(together["answers"]) == 120 and len(seen) == 1, seen
+            for a in (*together["answers"].values(), alone["answers"]["o21"])}
+    assert len(together["answers"]) == 40 and len(seen) == 1, seen
 
 
 def test_greedy_text_is_the_same_alone_on_a_miss_and_on_a_hit_beside_other_streams(engine):

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -114,15 +113,6 @@ def chromium() -> str:
             pytest.fail(message + "; CI must run the browser test", pytrace=False)
         pytest.skip(message)
     return path
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[str]:
-    from server_process import serve
-
-    log_path = tmp_path_factory.mktemp("playground") / "server.log"
-    with serve(["--threads", "1", "--log-level", "warning"], log_path) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

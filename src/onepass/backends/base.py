@@ -34,6 +34,23 @@ def has_work(suffixes: Sequence[Sequence[int]], candidates: Sequence[Sequence[in
 
 
 @dataclass(frozen=True)
+class StepRow:
+    """One row of a step backend's forward (the scheduler builds them): the next tokens of
+    one running sequence (``owner``, its arena block ``table``), at positions ``start, ...``;
+    ``logits`` asks for the full-vocabulary logits at the last."""
+
+    table: list[int]
+    owner: int
+    tokens: Sequence[int]
+    start: int
+    logits: bool = True
+    parent: int | None = None  # another owner whose rows these queries also see
+    parent_table: Sequence[int] = ()
+    every: bool = False  # the hidden states of all its tokens (a reading), not the last's
+    decode: bool = False  # the last generated token of a running stream (not a prompt's)
+
+
+@dataclass(frozen=True)
 class ByteBound:
     """How a byte-level tokenizer covers its input: every byte it keeps lands in exactly one
     token, and one token stands for at most ``longest`` bytes; ``dropped`` are the bytes it

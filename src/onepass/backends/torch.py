@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from onepass.backends import packed_attention
-from onepass.backends.base import ScoreResult, byte_bound, has_work
+from onepass.backends.base import ScoreResult, StepRow, byte_bound, has_work
 from onepass.backends.kv_arena import ArenaCache, KVArena
 from onepass.backends.packed_attention import Segment, Segments
 from onepass.cache import CacheStats, PrefixCache
@@ -777,22 +776,6 @@ class PromptScoring:
 
     def result(self) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
         return self._out
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """The next tokens of one running sequence (``owner``, its arena block ``table``),
-    at positions ``start, ...``; ``logits`` asks for the full-vocabulary logits at the last."""
-
-    table: list[int]
-    owner: int
-    tokens: Sequence[int]
-    start: int
-    logits: bool = True
-    parent: int | None = None  # another owner whose rows these queries also see
-    parent_table: Sequence[int] = ()
-    every: bool = False  # the hidden states of all its tokens (a reading), not the last's
-    decode: bool = False  # the last generated token of a running stream (not a prompt's)
 
 
 def min_rows(dtype: torch.dtype) -> int:

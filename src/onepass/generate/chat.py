@@ -75,3 +75,9 @@ def plain_transcript(messages: Sequence[dict[str, Any]]) -> str:
     turn and an open assistant turn."""
     lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
     return "\n\n".join(lines) + "\n\nAssistant:"
+
+
+def starts_with_bos(backend: Any, text: str) -> bool:
+    """Chat templates that write the BOS token themselves must not get a second one."""
+    bos = getattr(getattr(backend, "tokenizer", None), "bos_token", None)
+    return bool(bos) and text.startswith(bos)

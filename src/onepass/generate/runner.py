@@ -14,7 +14,7 @@ from typing import Any
 
 from onepass.backends.base import fewest_tokens
 from onepass.contract import ContractError
-from onepass.generate.chat import normalize_messages, plain_transcript
+from onepass.generate.chat import normalize_messages, plain_transcript, starts_with_bos
 from onepass.generate.sampling import SamplingParams, check_vocab
 from onepass.generate.scheduler import (
     DEFAULT_MAX_SEQUENCES,
@@ -83,7 +83,7 @@ class TextGenerator:
                 raise ContractError(
                     field, f"the model's chat template refused these messages: {exc}"
                 ) from None
-            return self.encode_prompt(text, field, bos=not _starts_with_bos(self.backend, text))
+            return self.encode_prompt(text, field, bos=not starts_with_bos(self.backend, text))
         return self.encode_prompt(plain_transcript(normalized), field)
 
     def encode_prompt(self, text: str, field: str, *, bos: bool = True) -> list[int]:
@@ -229,9 +229,3 @@ def collect(stream: GenerationStream) -> Generation:
             return Generation("".join(texts), event.reason, event.prompt_tokens,
                               event.completion_tokens, event.cached_tokens, tuple(tokens))
     raise RuntimeError("the stream ended without a finish event")
-
-
-def _starts_with_bos(backend: Any, text: str) -> bool:
-    """Chat templates that write the BOS token themselves must not get a second one."""
-    bos = getattr(getattr(backend, "tokenizer", None), "bos_token", None)
-    return bool(bos) and text.startswith(bos)

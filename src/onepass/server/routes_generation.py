@@ -24,9 +24,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from onepass.contract import ContractError
 from onepass.generate import tools as T
+from onepass.generate.chat import starts_with_bos
 from onepass.generate.grammar import GrammarError, GrammarSpec
-from onepass.generate.runner import _starts_with_bos
-from onepass.generate.scheduler import (
+from onepass.generate.streams import (
     Delta,
     Finish,
     GenerationStream,
@@ -291,7 +291,7 @@ def tool_prompt(gen: Any, messages: list[dict[str, Any]], tools: T.ToolSpec | No
         except Exception as exc:  # the template's own refusal
             raise ContractError(field, f"the model's chat template refused these messages: "
                                 f"{exc}") from None
-        return gen.encode_prompt(text, field, bos=not _starts_with_bos(backend, text)), \
+        return gen.encode_prompt(text, field, bos=not starts_with_bos(backend, text)), \
             T.native_format(template)
     return gen.chat_prompt(T.portable_messages(messages, tools), field), "hermes"
 
