@@ -408,8 +408,13 @@ EmbeddingRequestModel = _request_model(
                   | Annotated[list[int], Field(min_length=1)]
                   | Annotated[list[list[int]], Field(min_length=1,
                                                      max_length=W.MAX_EMBEDDING_INPUTS)],
-                  Field(description="A string, up to 128 strings, or token ids; an input over "
-                        "the input-token limit is a 400 (never truncated)")),
+                  Field(description="A string, up to 128 strings, or token ids (only with "
+                        "model_token_ids: true); an input over the input-token limit is a 400 "
+                        "(never truncated)")),
+        "model_token_ids": (bool | None, Field(
+            default=False, description="onepass extension: the token ids in input are the "
+            "served model's own (tiktoken ids, which LangChain's OpenAIEmbeddings sends by "
+            "default, would be misread: without it token ids are a 400)")),
         "dimensions": (int | None, Field(default=None, ge=1, description="Keep the first "
                                          "dimensions, then L2-normalise")),
         "encoding_format": (Literal["float", "base64"] | None, Field(
