@@ -80,6 +80,24 @@ def test_langchain_structured_output_default_method(long_chat):
     assert isinstance(city, City) and isinstance(city.population, int)
 
 
+def test_langchain_extra_fields_follow_the_rule(server, model):
+    """A field that changes nothing here (user, prompt_cache_key) is accepted; one that would change
+    the answer and is not implemented (reasoning_effort) is a 400 naming it, not ignored."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    openai = pytest.importorskip("openai")
+    quiet = langchain_openai.ChatOpenAI(
+        base_url=server + "/v1", api_key="x", model=model, temperature=0, max_tokens=4,
+        max_retries=0, model_kwargs={"user": "u-1", "prompt_cache_key": "tenant-1"})
+    assert quiet.invoke(ASK).content.strip()
+    thinking = langchain_openai.ChatOpenAI(
+        base_url=server + "/v1", api_key="x", model=model, max_tokens=4, max_retries=0,
+        reasoning_effort="low")
+    with pytest.raises(openai.BadRequestError) as err:
+        thinking.invoke(ASK)
+    assert err.value.body["param"] == "reasoning_effort"
+    assert "not supported" in err.value.body["message"]
+
+
 def _own_vector(server: str, model: str, text: str) -> list[float]:
     r = httpx.post(server + "/v1/embeddings", json={"model": model, "input": text,
                                                     "encoding_format": "float"}, timeout=120)
@@ -138,8 +156,16 @@ def test_token_id_embeddings_need_model_token_ids(server, model):
 # --------------------------------------------------------------------------- LiteLLM
 
 
-def test_litellm_completion(server, model):
-    litellm = pytest.importorskip("litellm")
+@pytest.fixture(scope="module")
+def litellm():
+    """LiteLLM imported with its bundled model-cost map: by default the import fetches the
+    map from GitHub (a network call, and a warning when offline)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        yield pytest.importorskip("litellm")
+
+
+def test_litellm_completion(server, model, litellm):
     out = litellm.completion(model="openai/" + model, api_base=server + "/v1", api_key="x",
                              messages=[{"role": "user", "content": ASK}], max_tokens=16,
                              temperature=0)
@@ -148,8 +174,7 @@ def test_litellm_completion(server, model):
     assert out.usage.completion_tokens > 0
 
 
-def test_litellm_streaming(server, model):
-    litellm = pytest.importorskip("litellm")
+def test_litellm_streaming(server, model, litellm):
     chunks = list(litellm.completion(model="openai/" + model, api_base=server + "/v1",
                                      api_key="x", messages=[{"role": "user", "content": ASK}],
                                      max_tokens=16, temperature=0, stream=True))
