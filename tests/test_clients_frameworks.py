@@ -100,6 +100,29 @@ def test_langchain_extra_fields_follow_the_rule(server, model):
     assert "not supported" in err.value.body["message"]
 
 
+def test_accepted_fields_without_effect_are_reported(server, model):
+    """What a client sent that onepass accepted but did not use is named in the
+    x-onepass-ignored-fields header (and the access log); a request without any has none."""
+    chat = {"model": model, "messages": [{"role": "user", "content": ASK}], "max_tokens": 2}
+    with httpx.Client(base_url=server, timeout=120) as http:
+        plain = http.post("/v1/chat/completions", json=chat)
+        assert plain.status_code == 200 and "x-onepass-ignored-fields" not in plain.headers
+        noted = http.post("/v1/chat/completions", json={
+            **chat, "user": "u-1", "prompt_cache_key": "t", "stream": True,
+            "stream_options": {"include_usage": True, "include_obfuscation": False}})
+        assert noted.status_code == 200 and noted.text.rstrip().endswith("[DONE]")
+        assert noted.headers["x-onepass-ignored-fields"] == (
+            "user,prompt_cache_key,stream_options.include_obfuscation")
+        # Responses returns metadata and user in its answer: only service_tier had no effect
+        echoed = http.post("/v1/responses", json={
+            "model": model, "input": ASK, "max_output_tokens": 2, "user": "u-1",
+            "metadata": {"k": "v"}, "service_tier": "auto"})
+        assert echoed.status_code == 200 and echoed.json()["metadata"] == {"k": "v"}
+        assert echoed.headers["x-onepass-ignored-fields"] == "service_tier"
+        embedded = http.post("/v1/embeddings", json={"model": model, "input": "x", "user": "u"})
+        assert embedded.headers["x-onepass-ignored-fields"] == "user"
+
+
 def _own_vector(server: str, model: str, text: str) -> list[float]:
     r = httpx.post(server + "/v1/embeddings", json={"model": model, "input": text,
                                                     "encoding_format": "float"}, timeout=120)

@@ -22,7 +22,8 @@ on. Rendering, forcing and parsing the calls live in :mod:`onepass.generate.tool
 
 Every fault is a `ContractError` naming the user-facing field. A field that would change the
 answer but is not implemented (tools, response formats, ...) is refused with a 400 that says so,
-never ignored; fields that change nothing here (``user``, ``metadata``, ...) are accepted.
+never ignored; fields that change nothing here (``user``, ``metadata``, ...) are accepted and
+reported (:func:`ignored_fields`: the x-onepass-ignored-fields header and the access log).
 """
 
 from __future__ import annotations
@@ -131,6 +132,24 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "return_hidden_states": (False,), "continue_final_message": (False,),
     "separate_reasoning": (True,), "stream_reasoning": (True,),
 }
+
+
+# HARMLESS_FIELDS a route returns in its answer (stored responses keep metadata and user)
+_ECHOED = {"POST /v1/responses": frozenset({"metadata", "user"})}
+
+
+def ignored_fields(body: Any, route: str) -> list[str]:
+    """The fields of an accepted ``route`` body that had no effect here (HARMLESS_FIELDS not
+    echoed, ``stream_options.include_obfuscation``): reported in the x-onepass-ignored-fields
+    response header and the access log, so a client can see what onepass did not use."""
+    if not isinstance(body, dict):
+        return []
+    echoed = _ECHOED.get(route, frozenset())
+    names = [k for k in HARMLESS_FIELDS if body.get(k) is not None and k not in echoed]
+    options = body.get("stream_options")
+    if isinstance(options, dict) and "include_obfuscation" in options:
+        names.append("stream_options.include_obfuscation")
+    return names
 
 
 def _check_fields(body: Any, allowed: frozenset[str], route: str) -> dict[str, Any]:

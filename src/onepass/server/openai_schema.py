@@ -253,7 +253,7 @@ def _sampling_fields() -> dict[str, tuple[Any, Any]]:
 def _ignored_fields(*, responses: bool) -> dict[str, tuple[Any, Any]]:
     """openai.HARMLESS_FIELDS: accepted and ignored (they change nothing on a local server);
     Responses checks the types of ``user`` and ``metadata`` because it echoes them."""
-    doc = "Accepted and ignored (changes nothing here)"
+    doc = "Accepted, changes nothing here; named in the x-onepass-ignored-fields header"
     fields: dict[str, tuple[Any, Any]] = {name: (Any, Field(default=None, description=doc))
                                           for name in W.HARMLESS_FIELDS}
     if responses:
@@ -419,7 +419,8 @@ EmbeddingRequestModel = _request_model(
                                          "dimensions, then L2-normalise")),
         "encoding_format": (Literal["float", "base64"] | None, Field(
             default="float", description="base64: little-endian float32 bytes")),
-        "user": (Any, Field(default=None, description="Accepted and ignored")),
+        "user": (Any, Field(default=None, description="Accepted, changes nothing here; "
+                            "named in the x-onepass-ignored-fields header")),
     },
     {"input": ["The cat sat on the mat.", "A cat was sitting on the rug."]},
 )
