@@ -1,12 +1,14 @@
 """Framework clients against a real `onepass serve` (the shared ``server`` fixture, the embedded
 SmolLM2-135M): LangChain's ChatOpenAI and OpenAIEmbeddings, LiteLLM, and instructor. They
-send what the official SDK sends plus fields of their own (``n``, ``stream_options``,
-``parallel_tool_calls``, ``strict`` ...), so these tests pin that onepass answers them as the
-README's Clients section says, not only the bare SDK."""
+build requests of their own (a forced ``tool_choice`` with ``parallel_tool_calls: false``,
+``json_schema`` with ``strict``, base64 embeddings, tiktoken token ids, pass-through fields), so
+these tests pin that onepass answers them as the README's Clients section says, not only the
+bare SDK."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import httpx
 import pytest
@@ -43,7 +45,8 @@ def model(server) -> str:
 # --------------------------------------------------------------------------- LangChain
 
 
-def _chat(server: str, model: str, max_tokens: int):
+def _chat(server: str, model: str, max_tokens: int) -> Any:
+    """LangChain's ChatOpenAI on the server, greedy, without retries (a failure shows at once)."""
     langchain_openai = pytest.importorskip("langchain_openai")
     return langchain_openai.ChatOpenAI(base_url=server + "/v1", api_key="x", model=model,
                                        temperature=0, max_tokens=max_tokens, max_retries=0,
