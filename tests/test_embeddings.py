@@ -47,6 +47,10 @@ REFERENCE = ("This is an example sentence", [0.0676569, 0.0634959, 0.0487131, 0.
     ({"input": "a", "encoding_format": "int8"}, "encoding_format", "float or base64"),
     ({"input": "a", "dimensions": 0}, "dimensions", ">= 1"),
     ({"input": "a", "truncate": True}, "truncate", "unknown field"),
+    # token ids name no tokenizer (LangChain sends tiktoken's): only with model_token_ids
+    ({"input": [791, 8415, 7731]}, "input[0]", "check_embedding_ctx_length=False"),
+    ({"input": ["a", [791]]}, "input[1]", "model_token_ids: true"),
+    ({"input": [791], "model_token_ids": "yes"}, "model_token_ids", "true or false"),
 ])
 def test_bad_embedding_bodies_name_their_field(body, field, words):
     with pytest.raises(ContractError) as err:
@@ -56,7 +60,8 @@ def test_bad_embedding_bodies_name_their_field(body, field, words):
 
 def test_vectors_truncate_then_normalise_and_base64_is_little_endian_float32():
     req = W.parse_embeddings({"input": "x", "dimensions": 2, "encoding_format": "base64"})
-    assert req.inputs == ["x"] and W.parse_embeddings({"input": [1, 2]}).inputs == [[1, 2]]
+    assert req.inputs == ["x"]
+    assert W.parse_embeddings({"input": [1, 2], "model_token_ids": True}).inputs == [[1, 2]]
     vec = W.embedding_vector([3.0, 4.0, 100.0], 2, "float")
     assert vec == [0.6, 0.8]
     raw = base64.b64decode(W.embedding_vector([3.0, 4.0, 100.0], 2, "base64"))
@@ -208,7 +213,8 @@ def test_sentence_encoder_wire_options_and_refusals(server):
         raw = base64.b64decode(packed["data"][0]["embedding"])
         assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == pytest.approx(full, abs=1e-7)
         # token ids are the text's wordpieces: the checkpoint's [CLS]/[SEP] are added to them
-        assert embed(input=[[2023, 2003]])["data"][0]["embedding"] == pytest.approx(
+        assert embed(input=[[2023, 2003]], model_token_ids=True)["data"][0]["embedding"] == \
+            pytest.approx(
             embed(input="this is")["data"][0]["embedding"], abs=1e-6)
         # over the checkpoint's 256-token limit: a 400 naming the input, never truncated
         r = http.post("/v1/embeddings", json={"model": "minilm",
@@ -218,7 +224,8 @@ def test_sentence_encoder_wire_options_and_refusals(server):
         r = http.post("/v1/embeddings", json={"model": "minilm", "input": "x",
                                               "dimensions": 385})
         assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
-        r = http.post("/v1/embeddings", json={"model": "minilm", "input": [[30522]]})
+        r = http.post("/v1/embeddings", json={"model": "minilm", "input": [[30522]],
+                                              "model_token_ids": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "input[0]"
         # listed, and refused by every route that is not /v1/embeddings
         models = http.get("/v1/models").json()

@@ -29,6 +29,8 @@ log = logging.getLogger("onepass.server")
 access_log = logging.getLogger("onepass.access")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
+# the accepted request fields that had no effect (openai.ignored_fields, set by the route)
+IGNORED_HEADER = b"x-onepass-ignored-fields"
 _QUIET_ROUTES = ("/health", "/health/live", "/metrics")
 
 
@@ -89,7 +91,10 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), header]}
+                extra = [header]
+                if fields.get("ignored_fields"):  # accepted fields that had no effect
+                    extra.append((IGNORED_HEADER, fields["ignored_fields"].encode()))
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         path = scope.get("path", "")

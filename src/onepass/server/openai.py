@@ -22,7 +22,8 @@ on. Rendering, forcing and parsing the calls live in :mod:`onepass.generate.tool
 
 Every fault is a `ContractError` naming the user-facing field. A field that would change the
 answer but is not implemented (tools, response formats, ...) is refused with a 400 that says so,
-never ignored; fields that change nothing here (``user``, ``metadata``, ...) are accepted.
+never ignored; fields that change nothing here (``user``, ``metadata``, ...) are accepted and
+reported (:func:`ignored_fields`: the x-onepass-ignored-fields header and the access log).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ RESPONSES_FIELDS = frozenset({
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "store",
     "previous_response_id", "text", *TOOL_FIELDS, *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
-EMBEDDING_FIELDS = frozenset({"model", "input", "dimensions", "encoding_format", "user"})
+EMBEDDING_FIELDS = frozenset({"model", "input", "dimensions", "encoding_format", "user",
+                              "model_token_ids"})
 MAX_EMBEDDING_INPUTS = 128
 ENCODING_FORMATS = ("float", "base64")
 # keys of the Responses ``text`` object (verbosity is accepted only at its default)
@@ -130,6 +132,24 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "return_hidden_states": (False,), "continue_final_message": (False,),
     "separate_reasoning": (True,), "stream_reasoning": (True,),
 }
+
+
+# HARMLESS_FIELDS a route returns in its answer (stored responses keep metadata and user)
+_ECHOED = {"POST /v1/responses": frozenset({"metadata", "user"})}
+
+
+def ignored_fields(body: Any, route: str) -> list[str]:
+    """The fields of an accepted ``route`` body that had no effect here (HARMLESS_FIELDS not
+    echoed, ``stream_options.include_obfuscation``): reported in the x-onepass-ignored-fields
+    response header and the access log, so a client can see what onepass did not use."""
+    if not isinstance(body, dict):
+        return []
+    echoed = _ECHOED.get(route, frozenset())
+    names = [k for k in HARMLESS_FIELDS if body.get(k) is not None and k not in echoed]
+    options = body.get("stream_options")
+    if isinstance(options, dict) and "include_obfuscation" in options:
+        names.append("stream_options.include_obfuscation")
+    return names
 
 
 def _check_fields(body: Any, allowed: frozenset[str], route: str) -> dict[str, Any]:
@@ -857,6 +877,17 @@ class EmbeddingRequest:
     encoding_format: str
 
 
+# Token ids carry no tokenizer: OpenAI reads them as tiktoken ids, LangChain's OpenAIEmbeddings
+# sends tiktoken ids by default, and most of them fall inside this model's vocabulary too, so
+# they would be read as other words without any error. They are taken only when the request
+# says they are the served model's own (model_token_ids: true).
+FOREIGN_TOKEN_IDS = (
+    "token-id input is read as the served model's own token ids, which a client cannot be "
+    "assumed to send (LangChain's OpenAIEmbeddings sends tiktoken ids by default); send text "
+    "(LangChain: check_embedding_ctx_length=False), or add model_token_ids: true when the ids "
+    "come from this model's tokenizer")
+
+
 def parse_embeddings(body: Any) -> EmbeddingRequest:
     body = _check_fields(body, EMBEDDING_FIELDS, "POST /v1/embeddings")
     raw = body.get("input")
@@ -870,12 +901,15 @@ def parse_embeddings(body: Any) -> EmbeddingRequest:
     if len(inputs) > MAX_EMBEDDING_INPUTS:
         raise ContractError("input", f"{len(inputs)} inputs is over the limit of "
                             f"{MAX_EMBEDDING_INPUTS}; send several requests")
+    own_ids = _bool(body, "model_token_ids")
     for i, item in enumerate(inputs):
         ok = (isinstance(item, str) and item) or (isinstance(item, list) and item and all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item))
         if not ok:
             raise ContractError(f"input[{i}]", "expected a non-empty string or token ids, got "
                                 f"{_describe(item)}")
+        if isinstance(item, list) and not own_ids:
+            raise ContractError(f"input[{i}]", FOREIGN_TOKEN_IDS)
     fmt = body.get("encoding_format", "float")
     if fmt not in ENCODING_FORMATS:
         raise ContractError("encoding_format", f"expected float or base64, got {_describe(fmt)}")

@@ -253,7 +253,7 @@ def _sampling_fields() -> dict[str, tuple[Any, Any]]:
 def _ignored_fields(*, responses: bool) -> dict[str, tuple[Any, Any]]:
     """openai.HARMLESS_FIELDS: accepted and ignored (they change nothing on a local server);
     Responses checks the types of ``user`` and ``metadata`` because it echoes them."""
-    doc = "Accepted and ignored (changes nothing here)"
+    doc = "Accepted, changes nothing here; named in the x-onepass-ignored-fields header"
     fields: dict[str, tuple[Any, Any]] = {name: (Any, Field(default=None, description=doc))
                                           for name in W.HARMLESS_FIELDS}
     if responses:
@@ -408,13 +408,19 @@ EmbeddingRequestModel = _request_model(
                   | Annotated[list[int], Field(min_length=1)]
                   | Annotated[list[list[int]], Field(min_length=1,
                                                      max_length=W.MAX_EMBEDDING_INPUTS)],
-                  Field(description="A string, up to 128 strings, or token ids; an input over "
-                        "the input-token limit is a 400 (never truncated)")),
+                  Field(description="A string, up to 128 strings, or token ids (only with "
+                        "model_token_ids: true); an input over the input-token limit is a 400 "
+                        "(never truncated)")),
+        "model_token_ids": (bool | None, Field(
+            default=False, description="onepass extension: the token ids in input are the "
+            "served model's own (tiktoken ids, which LangChain's OpenAIEmbeddings sends by "
+            "default, would be misread: without it token ids are a 400)")),
         "dimensions": (int | None, Field(default=None, ge=1, description="Keep the first "
                                          "dimensions, then L2-normalise")),
         "encoding_format": (Literal["float", "base64"] | None, Field(
             default="float", description="base64: little-endian float32 bytes")),
-        "user": (Any, Field(default=None, description="Accepted and ignored")),
+        "user": (Any, Field(default=None, description="Accepted, changes nothing here; "
+                            "named in the x-onepass-ignored-fields header")),
     },
     {"input": ["The cat sat on the mat.", "A cat was sitting on the rug."]},
 )

@@ -338,6 +338,20 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     store = ResponseStore()
     hooked: set[int] = set()
 
+    async def read_openai(request: Request, parse: Callable[[Any], Any], route: str) -> Any:
+        """``read_json`` with ``parse``; the accepted fields that had no effect go into the
+        access log and the response's ignored-fields header (the context middleware)."""
+        fields = log_fields(request)
+
+        def parse_and_note(body: Any) -> Any:
+            req = parse(body)
+            ignored = W.ignored_fields(body, route)
+            if ignored:
+                fields["ignored_fields"] = ",".join(ignored)
+            return req
+
+        return await read_json(request, settings, parse_and_note)
+
     def resolve(model: str | None) -> tuple[Any, str]:
         """The engine serving ``model`` and its served name: checked before any work."""
         engine = rt.require_engine(model)  # each served model by its own name; else 404
@@ -429,7 +443,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               summary="OpenAI Chat Completions (text), streaming with stream: true")
     @_openai_errors
     async def chat_completions(request: Request) -> Response:
-        req = await read_json(request, settings, W.parse_chat)  # parsed off the event loop
+        req = await read_openai(request, W.parse_chat, "POST /v1/chat/completions")
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
@@ -504,7 +518,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               "and logprobs scores the prompt")
     @_openai_errors
     async def completions(request: Request) -> Response:
-        req = await read_json(request, settings, W.parse_completion)
+        req = await read_openai(request, W.parse_completion, "POST /v1/completions")
         engine, model = resolve(req.model)
         grammar = await compile_grammar(engine, req.grammar)
         gen, backend = engine.generator, engine.backend
@@ -622,7 +636,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
               "previous_response_id")
     @_openai_errors
     async def responses(request: Request) -> Response:
-        req = await read_json(request, settings, W.parse_responses)
+        req = await read_openai(request, W.parse_responses, "POST /v1/responses")
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
@@ -757,7 +771,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def embeddings(request: Request) -> Response:
         rt.require_engine(task=None)  # ready (or a 503) before the body is read
-        req = await read_json(request, settings, W.parse_embeddings)
+        req = await read_openai(request, W.parse_embeddings, "POST /v1/embeddings")
         # without a model: the first embedding model, else the default decoder
         engine = rt.engine_for(req.model, task="embedding")
         model, backend = engine.served_name, engine.backend
