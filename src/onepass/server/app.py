@@ -242,6 +242,7 @@ def create_app(
                     field="questions",
                 )
             engine.check_model(parsed.model)
+            engine.check_request(parsed)  # cache_salt, diagnostics, chat_template_kwargs
             return parsed, engine
 
         raw, (parsed, engine) = await read_json(request, settings, contract_check(check))
