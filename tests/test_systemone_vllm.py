@@ -209,3 +209,13 @@ def test_server_refuses_hostile_fields_by_name(server, extra, field):
     r = httpx.post(server + "/v1/systemone", json={**BASE, **extra}, timeout=60)
     assert r.status_code in (400, 422), r.text
     assert r.json()["error"]["field"] == field
+
+
+def test_typed_lm_model_name_is_served(server):
+    """typed-lm's documented request names its model "typed-lm": served like jev-latest."""
+    r = httpx.post(server + "/v1/systemone", json={**BASE, "model": "typed-lm"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "smollm2-135m-instruct"
+    other = httpx.post(server + "/v1/systemone", json={**BASE, "model": "typed-lm-x"},
+                       timeout=60)
+    assert other.status_code == 404 and "'typed-lm'" in other.json()["error"]["message"]

@@ -27,6 +27,7 @@ first token, so thinking must stay off."""
 Scalar = str | int | float | bool | None
 MAX_SCORE_LEVELS = 10
 DEFAULT_MODEL_ALIAS = "jev-latest"
+TYPED_LM_ALIAS = "typed-lm"  # the name typed-lm's own server answers to (its docs' requests)
 NOUL_LABEL_SETS = ({"yes", "no"}, {"true", "false"})
 
 QuestionType = Literal["noul", "choice", "score"]
@@ -381,11 +382,12 @@ def parse_template_kwargs(value: Any) -> tuple[tuple[str, Scalar], ...]:
 
 
 def resolves_to(requested: str | None, served_name: str) -> bool:
-    """`jev-latest`, any `jev-*` and the served name all name the loaded model."""
+    """`jev-latest`, any `jev-*`, `typed-lm` (a typed-lm client's name for its one model)
+    and the served name all name the loaded model."""
     if requested is None:
         return True
     name = requested.strip()
-    return name in (served_name, DEFAULT_MODEL_ALIAS) or name.startswith("jev-")
+    return name in (served_name, DEFAULT_MODEL_ALIAS, TYPED_LM_ALIAS) or name.startswith("jev-")
 
 
 # --------------------------------------------------------------------------- wire schemas

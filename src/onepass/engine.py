@@ -562,7 +562,7 @@ class DecisionEngine:
             raise ContractError(
                 "model",
                 f"unknown model {requested!r}: this server serves {self.served_name!r} "
-                "(also reachable as 'jev-latest' or any 'jev-*' name)",
+                "(also reachable as 'jev-latest', 'typed-lm' or any 'jev-*' name)",
                 kind="model_not_found",
             )
 
