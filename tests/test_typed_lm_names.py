@@ -125,3 +125,43 @@ def test_meaningless_quantization_pairs_are_refused(tmp_path, run, words):
     path.write_text(f"[run]\n{run}\n")
     with pytest.raises(ConfigError, match=words):
         resolve_config({}, path)
+
+
+def test_weights_file_names_a_gguf_inside_the_model_directory(tmp_path):
+    from onepass.commands.common import apply_weights_file
+    from onepass.models import EMBEDDED, EMBEDDED_DEFAULT, resolve
+
+    gguf = EMBEDDED[EMBEDDED_DEFAULT]()
+    args = parse("serve", "--model-id", str(gguf.parent), "--weights-file", gguf.name)
+    apply_weights_file(args)
+    assert args.model == [str(gguf.parent / gguf.name)]
+    # the same conversion the embedded alias loads: the same weights
+    assert resolve(args.model[0]).path == resolve(EMBEDDED_DEFAULT).path
+    one = parse("decide", "--model", str(gguf.parent), "--weights-file", gguf.name,
+                "--input", "i", "--output", "o")
+    apply_weights_file(one)
+    assert one.model == str(gguf)
+
+
+@pytest.mark.parametrize(("model", "filename", "words"), [
+    ("some/repo", "/etc/passwd.gguf", "expected a file name inside"),
+    ("some/repo", "../up.gguf", "expected a file name inside"),
+    ("some/repo", "model.safetensors", "only a .gguf file"),
+    (None, "m.gguf", "needs --model"),
+    ("{tmp}", "absent.gguf", "not found"),
+    ("./no-such-dir", "m.gguf", "not a directory or a hub repository"),
+])
+def test_weights_file_refusals(tmp_path, model, filename, words):
+    from onepass.models import ModelError, weights_file
+
+    model = model.format(tmp=tmp_path) if model else model
+    with pytest.raises(ModelError, match=words):
+        weights_file(model, filename)
+
+
+def test_weights_file_with_several_models_is_refused():
+    from onepass.commands.common import apply_weights_file
+
+    args = parse("serve", "--model", "a", "--model", "b", "--weights-file", "m.gguf")
+    with pytest.raises(SystemExit, match="exactly one --model"):
+        apply_weights_file(args)

@@ -136,6 +136,9 @@ def add_model_arguments(
     )
     env_argument(g, "--adapter", "--adapter-directory",
                  help="LoRA adapter directory merged into the model at load")
+    env_argument(g, "--weights-file",
+                 help="typed-lm's flag: a .gguf file inside the --model hub repository or "
+                 "directory; that file is the model (one --model only)")
     env_argument(g, "--served-model-name",
                  help="name reported in responses (default: the model's name)")
     env_argument(g, "--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
@@ -263,9 +266,31 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
             "n_ctx": getattr(args, "n_ctx", None), "n_threads": getattr(args, "n_threads", None)}
 
 
+def apply_weights_file(args: argparse.Namespace) -> None:
+    """``--weights-file F`` with ``--model REPO``: ``args.model`` becomes the local GGUF file
+    (downloaded once from the hub), so everything after loads it like ``--model F.gguf``."""
+    filename = getattr(args, "weights_file", None)
+    if not filename:
+        return
+    from onepass.models import ModelError, weights_file
+
+    several = isinstance(args.model, list)
+    models = args.model if several else [args.model]
+    if several and len(models) != 1:
+        raise SystemExit("onepass: error: --weights-file names a file of one --model; give "
+                         "exactly one --model with it")
+    try:
+        path = str(weights_file(models[0], filename))
+    except ModelError as exc:
+        raise SystemExit(f"onepass: error: {exc}") from None
+    args.model = [path] if several else path
+    args.weights_file = None
+
+
 def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
     from onepass.engine import DecisionEngine
 
+    apply_weights_file(args)
     engine = DecisionEngine.from_pretrained(
         args.model,
         device=args.device,
