@@ -70,6 +70,10 @@ HOSTILE = [
      "thinking must be off"),
     ({"chat_template_kwargs": {"thinking": "on"}}, "chat_template_kwargs.thinking",
      "first token"),
+    ({"chat_template_kwargs": {"chat_template": "{% for i in range(10**9) %}{% endfor %}"}},
+     "chat_template_kwargs.chat_template", "reserved"),
+    ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize", "reserved"),
+    ({"chat_template_kwargs": {"messages": "x"}}, "chat_template_kwargs.messages", "reserved"),
 ]
 
 
@@ -204,6 +208,8 @@ def test_sdk_parses_answers_with_diagnostics(server):
     ({"diagnostics": "true"}, "diagnostics"),
     ({"chat_template_kwargs": {"a": {"b": {"c": [1]}}}}, "chat_template_kwargs.a"),
     ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs.enable_thinking"),
+    ({"chat_template_kwargs": {"chat_template": "{{ 7 * 7 }}"}},
+     "chat_template_kwargs.chat_template"),
 ])
 def test_server_refuses_hostile_fields_by_name(server, extra, field):
     r = httpx.post(server + "/v1/systemone", json={**BASE, **extra}, timeout=60)

@@ -24,6 +24,13 @@ MAX_TEMPLATE_VALUE_CHARS = 1024
 THINKING_KEYS = ("enable_thinking", "thinking")
 """chat_template_kwargs keys that turn a template's reasoning on: a decision reads the reply's
 first token, so thinking must stay off."""
+RESERVED_TEMPLATE_KEYS = frozenset({
+    "chat_template", "messages", "conversation", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+"""Names the template renderer itself takes (a client's own ``chat_template`` would run its
+Jinja on the server; ``messages`` would replace the prompt): never template variables."""
 Scalar = str | int | float | bool | None
 MAX_SCORE_LEVELS = 10
 DEFAULT_MODEL_ALIAS = "jev-latest"
@@ -362,6 +369,9 @@ def parse_template_kwargs(value: Any) -> tuple[tuple[str, Scalar], ...]:
         if not isinstance(key, str) or not key or len(key) > MAX_TEMPLATE_KEY_CHARS:
             raise ContractError(field, f"keys must be 1 to {MAX_TEMPLATE_KEY_CHARS} characters")
         where = f"{field}.{key}"
+        if key in RESERVED_TEMPLATE_KEYS:
+            raise ContractError(where, "reserved: the server renders the decision prompt "
+                                       "itself; only template variables can be set")
         if item is not None and not isinstance(item, (str, int, float, bool)):
             raise ContractError(where, f"expected a string, number, boolean or null, got "
                                        f"{_describe(item)} (nested values are not accepted)")
