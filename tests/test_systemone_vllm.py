@@ -225,3 +225,18 @@ def test_typed_lm_model_name_is_served(server):
     other = httpx.post(server + "/v1/systemone", json={**BASE, "model": "typed-lm-x"},
                        timeout=60)
     assert other.status_code == 404 and "'typed-lm'" in other.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("attribute", "extra", "field"), [
+    ("vocab_statistics", {"diagnostics": True}, "diagnostics"),
+    ("cache_namespaces", {"cache_salt": "t"}, "cache_salt"),
+    ("chat_template_kwargs", {"chat_template_kwargs": {"persona": "x"}}, "chat_template_kwargs"),
+])
+def test_a_backend_without_the_ability_refuses_by_field(engine, monkeypatch, attribute, extra,
+                                                        field):
+    """llama.cpp and remote engines have none of these: the request is refused before any
+    model work, naming the field (here the torch backend with the ability switched off)."""
+    monkeypatch.setattr(engine.backend, attribute, False)
+    with pytest.raises(ContractError) as caught:
+        engine.check_request(parse_request({**BASE, **extra}))
+    assert caught.value.field == field and "not" in caught.value.message
