@@ -118,11 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                                                for k in ("system_one", "decisions", "sdk")}
         for r in range(args.rounds):
             for i, (s1, dec, _) in enumerate(bodies):
-                calls = [("system_one", lambda: system_one(s1)),
-                         ("decisions", lambda: decisions(dec)),
-                         ("sdk", lambda: decisions_sdk(dec))]
-                for name, call in calls[r % 3:] + calls[: r % 3]:
-                    times[name][i].append(timed(call)[0])
+                calls = [("system_one", system_one, s1), ("decisions", decisions, dec),
+                         ("sdk", decisions_sdk, dec)]
+                for name, call, body in calls[r % 3:] + calls[: r % 3]:
+                    times[name][i].append(timed(lambda c=call, b=body: c(b))[0])
         median = {k: statistics.median(statistics.median(t) for t in v) for k, v in times.items()}
         print(f"{len(bodies)} hand-written probes ({sum(len(o) for *_, o in bodies)} questions), "
               f"{args.rounds} rounds on a warm cache")

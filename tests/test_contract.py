@@ -136,4 +136,6 @@ def test_model_aliases():
     assert resolves_to("jev-latest", "smollm2")
     assert resolves_to("jev-1.13.0", "smollm2")
     assert resolves_to("smollm2", "smollm2")
+    assert resolves_to("typed-lm", "smollm2")  # typed-lm's documented requests name it so
+    assert not resolves_to("typed-lm-2", "smollm2")
     assert not resolves_to("gpt-4", "smollm2")

@@ -61,3 +61,48 @@ path = "{dataset}"
     assert sum(answers["team"]["probabilities"].values()) == pytest.approx(1.0)
     assert set(answers["urgency"]["legend"]) == {"0", "1", "2"}
     assert body["usage"]["input_tokens"] > 0
+
+
+def test_typed_lm_post_training_quantization(tmp_path):
+    """typed-lm's [run] quantization_mode = "post-training": the trained checkpoint is
+    quantized at the end of `onepass train` (here to fp8), and the result loads and answers."""
+    dataset = write_dataset(tmp_path / "train.jsonl")
+    config = tmp_path / "typed-lm.toml"
+    config.write_text(f"""
+[run]
+method = "from-scratch"
+seed = 3
+epochs = 1
+batch_size = 8
+output_directory = "{tmp_path / 'scratch'}"
+quantization = "fp8"
+quantization_mode = "post-training"
+
+[model]
+architecture = "llama"
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 1
+num_attention_heads = 4
+num_key_value_heads = 2
+max_position_embeddings = 1024
+
+[dataset]
+path = "{dataset}"
+""")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "onepass.cli", "train", "--configuration-file", str(config)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    quantized = tmp_path / "scratch" / "quantized"
+    assert json.loads((quantized / "quantization_config.json").read_text())["scheme"] \
+        == "fp8"
+    from onepass import DecisionEngine
+
+    engine = DecisionEngine.from_pretrained(str(quantized), dtype="float32")
+    answer = engine.answer(REQUEST)["answers"]["refund"]
+    assert answer["type"] == "noul" and 0.0 <= answer["noul"] <= 1.0

@@ -16,8 +16,25 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 MAX_CHOICE_OPTIONS = 255
+MAX_INSTRUCTIONS_CHARS = 64 * 1024
+MAX_CACHE_SALT_CHARS = 1024
+MAX_TEMPLATE_KWARGS = 32
+MAX_TEMPLATE_KEY_CHARS = 64
+MAX_TEMPLATE_VALUE_CHARS = 1024
+THINKING_KEYS = ("enable_thinking", "thinking")
+"""chat_template_kwargs keys that turn a template's reasoning on: a decision reads the reply's
+first token, so thinking must stay off."""
+RESERVED_TEMPLATE_KEYS = frozenset({
+    "chat_template", "messages", "conversation", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+"""Names the template renderer itself takes (a client's own ``chat_template`` would run its
+Jinja on the server; ``messages`` would replace the prompt): never template variables."""
+Scalar = str | int | float | bool | None
 MAX_SCORE_LEVELS = 10
 DEFAULT_MODEL_ALIAS = "jev-latest"
+TYPED_LM_ALIAS = "typed-lm"  # the name typed-lm's own server answers to (its docs' requests)
 NOUL_LABEL_SETS = ({"yes", "no"}, {"true", "false"})
 
 QuestionType = Literal["noul", "choice", "score"]
@@ -79,8 +96,13 @@ class DecisionRequest:
     questions: tuple[Question, ...]
     temperature: float | None = None
     debias: str | None = None  # None: the engine's default
-    # the prefix-cache partition (OpenAI Decisions' prompt_cache_key); not a System One field
+    # the prefix-cache partition: OpenAI Decisions' prompt_cache_key, System One's cache_salt
     cache_namespace: str | None = None
+    # vLLM's request fields: a preamble ahead of the questions (in the system turn, so in the
+    # cached prefix), keyword arguments for the chat template, per-answer diagnostics
+    instructions: str | None = None
+    chat_template_kwargs: tuple[tuple[str, Scalar], ...] = ()
+    diagnostics: bool = False
 
 
 def finite_float(value: int | float) -> float | None:
@@ -301,18 +323,81 @@ def parse_request(raw: Any) -> DecisionRequest:
     if debias is not None and debias not in DEBIAS_MODES:
         got = repr(debias) if isinstance(debias, str) else _describe(debias)
         raise ContractError("debias", f"expected one of {', '.join(DEBIAS_MODES)}, got {got}")
-    return DecisionRequest(model, state, tuple(parsed), temperature, debias)
+    instructions = _bounded_string(raw.get("instructions"), "instructions",
+                                   MAX_INSTRUCTIONS_CHARS)
+    salt = _bounded_string(raw.get("cache_salt"), "cache_salt", MAX_CACHE_SALT_CHARS)
+    if salt is not None and not salt:
+        raise ContractError("cache_salt", "expected a non-empty string, got an empty string")
+    diagnostics = raw.get("diagnostics", False)
+    if diagnostics is None:
+        diagnostics = False
+    if not isinstance(diagnostics, bool):
+        raise ContractError("diagnostics", f"expected a boolean, got {_describe(diagnostics)}")
+    return DecisionRequest(
+        model, state, tuple(parsed), temperature, debias, cache_namespace=salt,
+        instructions=instructions if instructions and instructions.strip() else None,
+        chat_template_kwargs=parse_template_kwargs(raw.get("chat_template_kwargs")),
+        diagnostics=diagnostics,
+    )
+
+
+def _bounded_string(value: Any, field: str, limit: int) -> str | None:
+    """An optional string of at most ``limit`` characters (None when absent or null)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ContractError(field, f"expected a string, got {_describe(value)}")
+    if len(value) > limit:
+        raise ContractError(field, f"expected at most {limit} characters, got {len(value)}")
+    return value
+
+
+def parse_template_kwargs(value: Any) -> tuple[tuple[str, Scalar], ...]:
+    """``chat_template_kwargs``: an object of JSON scalars, bounded, with thinking off (a
+    decision reads the first token of the reply, which a thinking template spends on
+    reasoning). Returned as sorted pairs: one request's kwargs, one hashable key."""
+    field = "chat_template_kwargs"
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ContractError(field, f"expected an object of scalar values, got {_describe(value)}")
+    if len(value) > MAX_TEMPLATE_KWARGS:
+        raise ContractError(field, f"expected at most {MAX_TEMPLATE_KWARGS} keys, "
+                                   f"got {len(value)}")
+    pairs = []
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_TEMPLATE_KEY_CHARS:
+            raise ContractError(field, f"keys must be 1 to {MAX_TEMPLATE_KEY_CHARS} characters")
+        where = f"{field}.{key}"
+        if key in RESERVED_TEMPLATE_KEYS:
+            raise ContractError(where, "reserved: the server renders the decision prompt "
+                                       "itself; only template variables can be set")
+        if item is not None and not isinstance(item, (str, int, float, bool)):
+            raise ContractError(where, f"expected a string, number, boolean or null, got "
+                                       f"{_describe(item)} (nested values are not accepted)")
+        if isinstance(item, str) and len(item) > MAX_TEMPLATE_VALUE_CHARS:
+            raise ContractError(where, f"expected at most {MAX_TEMPLATE_VALUE_CHARS} "
+                                       f"characters, got {len(item)}")
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**53:
+            raise ContractError(where, "expected an integer within +-2**53")
+        _check_json(item, where)
+        if key in THINKING_KEYS and item not in (None, False):
+            raise ContractError(where, "decisions read the first token of the reply, so "
+                                       "thinking must be off: send false or leave it out")
+        pairs.append((key, item))
+    return tuple(sorted(pairs))
 
 
 # --------------------------------------------------------------------------- model aliases
 
 
 def resolves_to(requested: str | None, served_name: str) -> bool:
-    """`jev-latest`, any `jev-*` and the served name all name the loaded model."""
+    """`jev-latest`, any `jev-*`, `typed-lm` (a typed-lm client's name for its one model)
+    and the served name all name the loaded model."""
     if requested is None:
         return True
     name = requested.strip()
-    return name in (served_name, DEFAULT_MODEL_ALIAS) or name.startswith("jev-")
+    return name in (served_name, DEFAULT_MODEL_ALIAS, TYPED_LM_ALIAS) or name.startswith("jev-")
 
 
 # --------------------------------------------------------------------------- wire schemas
@@ -354,6 +439,24 @@ class SystemOneRequestModel(BaseModel):
     state: JsonValue
     questions: dict[str, QuestionModel] = Field(min_length=1)
     temperature: float | None = Field(default=None, gt=0)
+    instructions: str | None = Field(
+        default=None, max_length=MAX_INSTRUCTIONS_CHARS,
+        description="Context ahead of the questions, rendered in the system turn after the "
+        "server's own instructions and context (part of the cached prefix)")
+    chat_template_kwargs: dict[str, str | int | float | bool | None] | None = Field(
+        default=None, max_length=MAX_TEMPLATE_KWARGS,
+        description="Keyword arguments for the model's chat template (JSON scalars only); "
+        "'enable_thinking': true is refused: a decision reads the reply's first token")
+    cache_salt: str | None = Field(
+        default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS,
+        description="Prefix-cache isolation: requests with different salts (or one with a "
+        "salt and one without) never share cached prefixes")
+    diagnostics: bool | None = Field(
+        default=None,
+        description="true: each answer read from the model carries 'diagnostics' "
+        "(label_mass: the probability the model put on the option labels over its whole "
+        "vocabulary; argmax_is_label: its most likely token is one of the labels); costs "
+        "one full-vocabulary projection per question")
     debias: DebiasMode | None = Field(
         default=None,
         description="onepass extension: 'rotations' scores every cyclic rotation of each "
@@ -378,10 +481,22 @@ ABSTAINED = Field(
 )
 
 
+class Diagnostics(BaseModel):
+    label_mass: float = Field(description="Total probability of the option labels over the "
+                              "whole vocabulary at the answer position (declared order)")
+    argmax_is_label: bool = Field(description="The vocabulary's most likely token there is "
+                                  "one of the labels")
+
+
+DIAGNOSTICS = Field(default=None, description="Only when the request asked for "
+                    "'diagnostics' and the answer was read from the model")
+
+
 class NoulAnswer(BaseModel):
     type: Literal["noul"] = "noul"
     noul: float
     abstained: bool | None = ABSTAINED
+    diagnostics: Diagnostics | None = DIAGNOSTICS
 
 
 class ChoiceAnswer(BaseModel):
@@ -390,6 +505,7 @@ class ChoiceAnswer(BaseModel):
     probabilities: dict[str, float]
     confidence: float
     abstained: bool | None = ABSTAINED
+    diagnostics: Diagnostics | None = DIAGNOSTICS
 
 
 class ScoreAnswer(BaseModel):
@@ -399,6 +515,7 @@ class ScoreAnswer(BaseModel):
     probabilities: dict[str, float]
     confidence: float
     abstained: bool | None = ABSTAINED
+    diagnostics: Diagnostics | None = DIAGNOSTICS
 
 
 class SystemOneResponseModel(BaseModel):

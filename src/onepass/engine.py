@@ -7,15 +7,18 @@ those labels only, and turns them into typed answers.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from onepass import prompt as P
-from onepass.backends.base import Backend, fewest_tokens
+from onepass.backends.base import VOCAB_LOGSUMEXP, VOCAB_MAX, Backend, fewest_tokens
 from onepass.contract import (
     DEBIAS_MODES,
     ChoiceAnswer,
@@ -32,6 +35,7 @@ from onepass.readout import (
     combine_rotations,
     divide_prior,
     expected_level,
+    label_diagnostics,
     restricted_softmax,
     score_confidence,
     top_probability,
@@ -63,6 +67,8 @@ class Scored:
     suffixes: list[list[int]]
     cached_tokens: int
     written_tokens: int = 0
+    # per position (score_positions(vocab=True)): the full vocabulary's log-sum-exp, max logit
+    vocab: list[tuple[float, float]] | None = None
 
     @property
     def input_tokens(self) -> int:
@@ -389,18 +395,23 @@ class DecisionEngine:
         limit_field: str = "state",
         naive: bool = False,
         namespace: str | None = None,
+        vocab: bool = False,
     ) -> Scored:
         """Candidate logits for every position after one shared prefix, in one forward.
 
         ``naive=True`` runs each whole prompt through a plain full forward instead (no cache,
         no packing, full vocabulary): the reference the fast path is tested against.
         ``namespace``: the prefix-cache partition (only backends with ``cache_namespaces``).
+        ``vocab``: also read each position's full-vocabulary log-sum-exp and largest logit
+        (``Scored.vocab``; only backends with ``vocab_statistics``).
         """
         prefix, suffixes = self.tokenize(prefix_text, [p.suffix for p in positions])
         longest = len(prefix) + max((len(s) for s in suffixes), default=0)
         if longest > self.max_input_tokens:
             raise self._too_long(longest, limit_field)
         candidates = [[lb.token_id for lb in p.labels] for p in positions]
+        if vocab:
+            candidates = [[*c, VOCAB_LOGSUMEXP, VOCAB_MAX] for c in candidates]
         if naive:
             logits = [
                 self.backend.reference_logits(prefix + s, c) for s, c in zip(suffixes, candidates)
@@ -411,7 +422,10 @@ class DecisionEngine:
             result = (self.scorer or self.backend.score)(prefix, suffixes, candidates, **extra)
             logits, cached = result.logits, result.cached_tokens
             written = getattr(result, "written_tokens", 0)
-        return Scored(logits, prefix, suffixes, cached, written)
+        if not vocab:
+            return Scored(logits, prefix, suffixes, cached, written)
+        return Scored([row[:-2] for row in logits], prefix, suffixes, cached, written,
+                      [(row[-2], row[-1]) for row in logits])
 
     # ------------------------------------------------------------------ order-invariance
 
@@ -501,12 +515,54 @@ class DecisionEngine:
 
     # ------------------------------------------------------------------ System One
 
+    def check_request(self, request: DecisionRequest) -> None:
+        """Refuse, before any model work, what this engine's backend cannot do for a request:
+        a ``cache_salt``/``prompt_cache_key`` (partitions), ``diagnostics`` (full-vocabulary
+        statistics), ``chat_template_kwargs`` (a template rendered with them; its format is
+        derived here, so a template that fails on them is a 400 too)."""
+        backend = self.backend
+        if request.cache_namespace is not None and not getattr(backend, "cache_namespaces",
+                                                                  False):
+            raise ContractError("cache_salt", "not supported by this model's backend (its "
+                                "prefix cache has no partitions): send the request without it")
+        if request.diagnostics and not getattr(backend, "vocab_statistics", False):
+            raise ContractError("diagnostics", "not supported by this model's backend (it "
+                                "reads the label logits only): send the request without it")
+        if request.chat_template_kwargs:
+            if not backend.chat_template or not getattr(backend, "chat_template_kwargs", False):
+                raise ContractError("chat_template_kwargs", "this model's backend renders no "
+                                    "chat template with arguments: send the request without it")
+            self._templated(request.chat_template_kwargs)
+
+    def _templated(self, kwargs: tuple[tuple[str, Any], ...]) -> DecisionEngine:
+        """This engine reading prompts in the chat format its template gives with ``kwargs``:
+        a shallow copy made now (same backend, scorer, cache, stats, calibration) with that
+        format and its label memo, both kept for the last few distinct kwargs."""
+        formats = self.__dict__.setdefault("_formats", OrderedDict())
+        entry = formats.get(kwargs)  # no lock: a race renders one format twice, never fails
+        if entry is None:
+            bound = dict(kwargs)
+            try:
+                fmt = P.ChatFormat.from_template(
+                    lambda messages: self.backend.render_chat(messages, **bound))
+            except Exception as error:  # the template's own fault with these arguments
+                raise ContractError("chat_template_kwargs", "the chat template cannot be "
+                                    f"rendered with these arguments: {str(error)[:200]}"
+                                    ) from None
+            entry = formats[kwargs] = (fmt, {})
+            while len(formats) > 8:
+                with contextlib.suppress(KeyError):
+                    formats.popitem(last=False)
+        view = copy.copy(self)
+        view.format, view._label_memo = entry
+        return view
+
     def check_model(self, requested: str | None) -> None:
         if not resolves_to(requested, self.served_name):
             raise ContractError(
                 "model",
                 f"unknown model {requested!r}: this server serves {self.served_name!r} "
-                "(also reachable as 'jev-latest' or any 'jev-*' name)",
+                "(also reachable as 'jev-latest', 'typed-lm' or any 'jev-*' name)",
                 kind="model_not_found",
             )
 
@@ -532,8 +588,14 @@ class DecisionEngine:
                 request = request.model_dump(exclude_none=True)
             request = parse_request(request)
         self.check_model(request.model)
+        self.check_request(request)
+        if request.chat_template_kwargs:
+            return self._templated(request.chat_template_kwargs).answer(
+                replace(request, chat_template_kwargs=()), naive=naive, debias=debias,
+                cache_writes=cache_writes)
         temperature = request.temperature or self.temperature
-        prefix_text = P.render_prefix(self.format, request.state, self.context, self.specials)
+        prefix_text = P.render_prefix(self.format, request.state, self.context, self.specials,
+                                      request.instructions)
         live = [q for q in request.questions if not q.is_trivial]
         self.check_length(prefix_text, [
             self.draft(q.type, q.instructions, q.options, q.descriptions).suffix for q in live
@@ -542,16 +604,24 @@ class DecisionEngine:
         readings = [self.readings(q, mode) for q in live]
         positions = [pos for group in readings for pos, _ in group]
         ns = request.cache_namespace
-        calls = [self.score_positions(prefix_text, positions, naive=naive, namespace=ns)
-                 ] if positions else []
+        calls = [self.score_positions(prefix_text, positions, naive=naive, namespace=ns,
+                                      vocab=request.diagnostics)] if positions else []
         probs = self._read(live, readings, calls[0], temperature) if calls else {}
         if calls and "content-free" in mode.split("+"):
             # the same readings about a document that says nothing: the model's prior for each
             # question (contextual calibration); its prefix is cached, so it costs the suffixes
-            blank = P.render_prefix(self.format, CONTENT_FREE_STATE, self.context, self.specials)
+            blank = P.render_prefix(self.format, CONTENT_FREE_STATE, self.context, self.specials,
+                                    request.instructions)
             calls.append(self.score_positions(blank, positions, naive=naive, namespace=ns))
             priors = self._read(live, readings, calls[1], temperature)
             probs = {k: divide_prior(p, priors[k]) for k, p in probs.items()}
+        # each question's first reading (its declared order) in the main call
+        first: dict[str, int] = {}
+        if request.diagnostics and calls:
+            at = 0
+            for q, group in zip(live, readings):
+                first[q.name] = at
+                at += len(group)
         answers = {}
         for q in request.questions:
             p = probs.get(q.name, [1.0])
@@ -562,6 +632,10 @@ class DecisionEngine:
             answers[q.name] = _answer(q, p)
             if self.abstain_below is not None:
                 answers[q.name]["abstained"] = top_probability(p) < self.abstain_below
+            if q.name in first:  # read from the model, with the vocabulary's statistics
+                at = first[q.name]
+                answers[q.name]["diagnostics"] = label_diagnostics(
+                    calls[0].logits[at], *calls[0].vocab[at])
         input_tokens = sum(c.input_tokens for c in calls)
         cached = sum(c.cached_tokens for c in calls)
         self.stats.requests += 1

@@ -422,6 +422,37 @@ def _gguf_checkpoint(gguf: Path) -> Path:
     return convert_gguf(gguf, cache_dir() / "checkpoints" / f"{gguf.stem}-{digest}")
 
 
+def weights_file(model: str | None, filename: str) -> Path:
+    """typed-lm's ``--weights-file``: the GGUF file ``filename`` inside ``model`` — a local
+    directory, or a hub repository (that one file is downloaded, not the repository). The
+    path then serves exactly like ``--model FILE.gguf``."""
+    name = Path(filename)
+    if name.is_absolute() or ".." in name.parts or not filename.strip():
+        raise ModelError(f"--weights-file {filename!r}: expected a file name inside the "
+                         "model's repository or directory")
+    if name.suffix.lower() != ".gguf":
+        raise ModelError(f"--weights-file {filename!r}: only a .gguf file can be named (a "
+                         "safetensors checkpoint is loaded from its directory or hub id)")
+    if not model:
+        raise ModelError("--weights-file needs --model (--model-id): the hub repository or "
+                         "directory that holds it")
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        path = folder / name
+        if not path.is_file():
+            raise ModelError(f"--weights-file: {path} not found")
+        return path
+    if folder.exists() or model.startswith((".", "/", "~")):
+        raise ModelError(f"--weights-file: {model} is not a directory or a hub repository")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(model, filename))
+    except Exception as exc:  # offline, unknown repository or file, gated …
+        raise ModelError(f"could not download {filename!r} from {model!r} "
+                         f"({exc.__class__.__name__}: {exc})") from exc
+
+
 def resolve(model: str | None = None) -> ResolvedModel:
     """Turn a model name, path or hub id into a local checkpoint directory."""
     name = model or EMBEDDED_DEFAULT

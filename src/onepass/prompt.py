@@ -81,7 +81,8 @@ class ChatFormat:
 
     @classmethod
     def from_template(cls, render: Callable[[list[dict[str, str]]], str]) -> ChatFormat:
-        """Derive the format by rendering marker messages through the real template."""
+        """Derive the format by rendering marker messages through the real template (a
+        request's ``chat_template_kwargs`` are bound into ``render``)."""
         sys_mark, user_mark = "\x01ONEPASS_SYSTEM\x01", "\x01ONEPASS_USER\x01"
         try:
             text = render(
@@ -244,20 +245,27 @@ def render_question(
 # --------------------------------------------------------------------------- whole prompt
 
 
-def system_text(context: str | None = None, special_tokens: Sequence[str] = ()) -> str:
+def system_text(context: str | None = None, special_tokens: Sequence[str] = (),
+                instructions: str | None = None) -> str:
+    """The system turn: onepass's instructions, the server's context, then a request's own
+    ``instructions`` (System One's vLLM field), each neutralised like user content."""
+    text = SYSTEM_INSTRUCTIONS
     if context and context.strip():
-        return f"{SYSTEM_INSTRUCTIONS}\n\nContext:\n{neutralise(context.strip(), special_tokens)}"
-    return SYSTEM_INSTRUCTIONS
+        text += f"\n\nContext:\n{neutralise(context.strip(), special_tokens)}"
+    if instructions and instructions.strip():
+        text += f"\n\nInstructions:\n{neutralise(instructions.strip(), special_tokens)}"
+    return text
 
 
 def render_prefix(
-    fmt: ChatFormat, state: Any, context: str | None = None, special_tokens: Sequence[str] = ()
+    fmt: ChatFormat, state: Any, context: str | None = None, special_tokens: Sequence[str] = (),
+    instructions: str | None = None,
 ) -> str:
     """Everything before the question: shared by all questions about ``state``."""
     body = neutralise(render_content(state), special_tokens)
     return (
         fmt.head
-        + system_text(context, special_tokens)
+        + system_text(context, special_tokens, instructions)
         + fmt.middle
         + f"<document>\n{body}\n</document>"
     )

@@ -113,3 +113,15 @@ def divide_prior(probabilities: Sequence[float], prior: Sequence[float]) -> list
     total = sum(ratios)
     n = len(ratios)
     return [x / total for x in ratios] if total > 0 else [1.0 / n] * n
+
+
+def label_diagnostics(label_logits: Sequence[float], logsumexp: float,
+                      max_logit: float) -> dict[str, float | bool]:
+    """How much the model meant the labels at an answer position: ``label_mass``, the labels'
+    total probability in the model's own (temperature 1) distribution over its whole
+    vocabulary (``logsumexp`` its normaliser), and ``argmax_is_label``, whether its most likely
+    token (``max_logit``) is a label. A low mass says the restricted softmax was choosing
+    between tokens the model did not mean to say."""
+    mass = sum(math.exp(x - logsumexp) for x in label_logits)
+    return {"label_mass": min(1.0, mass),
+            "argmax_is_label": bool(label_logits) and max(label_logits) >= max_logit}

@@ -8,6 +8,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from onepass.cache import CacheStats
 
+VOCAB_LOGSUMEXP = -1
+VOCAB_MAX = -2
+"""Pseudo-candidate ids a backend with ``vocab_statistics`` reads in place of a token: the
+log-sum-exp and the largest logit of the row over its whole vocabulary (System One's
+``diagnostics``: the labels' share of all probability, whether the argmax is a label)."""
+
 
 @dataclass(frozen=True)
 class ScoreResult:

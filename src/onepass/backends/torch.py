@@ -25,7 +25,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from onepass.backends import packed_attention
-from onepass.backends.base import ScoreResult, StepRow, byte_bound, has_work
+from onepass.backends.base import (
+    VOCAB_LOGSUMEXP,
+    VOCAB_MAX,
+    ScoreResult,
+    StepRow,
+    byte_bound,
+    has_work,
+)
 from onepass.backends.kv_arena import ArenaCache, KVArena
 from onepass.backends.packed_attention import Segment, Segments
 from onepass.cache import CacheStats, PrefixCache
@@ -88,6 +95,8 @@ class TorchBackend:
     """A transformers causal LM behind the backend protocol."""
 
     cache_namespaces = True  # score(namespace=...) partitions the prefix cache
+    chat_template_kwargs = True  # render_chat(messages, **kwargs)
+    vocab_statistics = True  # candidates may include VOCAB_LOGSUMEXP / VOCAB_MAX
 
     def __init__(
         self,
@@ -222,9 +231,11 @@ class TorchBackend:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, str]], **template_kwargs: Any) -> str:
+        """``template_kwargs``: more variables for the template (a request's
+        ``chat_template_kwargs``)."""
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True, **template_kwargs
         )
 
     # ------------------------------------------------------------------ forward passes
@@ -332,18 +343,39 @@ class TorchBackend:
     def _candidate_logits(
         self, hidden: torch.Tensor, candidates: Sequence[Sequence[int]]
     ) -> list[list[float]]:
-        """Project each row only onto its candidates' output rows (not the whole vocabulary)."""
+        """Project each row only onto its candidates' output rows (not the whole vocabulary);
+        a pseudo-candidate (:data:`VOCAB_LOGSUMEXP`, :data:`VOCAB_MAX`) projects the row onto
+        the whole vocabulary once and reads that statistic of it."""
         bias = getattr(self.lm_head, "bias", None)
         out = []
         for row, ids in zip(hidden, candidates):
-            index = torch.tensor(list(ids), device=self.device)
+            tokens = [i for i in ids if i >= 0]
+            index = torch.tensor(tokens, device=self.device, dtype=torch.long)
             logits = _dot_rows(self._head_rows(index), row)
             if bias is not None:
                 logits = logits + bias[index].float()
             if self.softcap:
                 logits = torch.tanh(logits / self.softcap) * self.softcap
-            out.append(logits.tolist())
+            values = iter(logits.tolist())
+            stats = self._vocab_stats(row) if len(tokens) < len(ids) else {}
+            out.append([stats[i] if i < 0 else next(values) for i in ids])
         return out
+
+    def _full_row(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden``'s float32 logits over the whole vocabulary, in 8192-row chunks."""
+        row = torch.cat([_dot_rows(self._head_rows(torch.arange(lo, min(lo + 8192,
+                                                                  self.vocab_size))), hidden)
+                         for lo in range(0, self.vocab_size, 8192)])
+        bias = getattr(self.lm_head, "bias", None)
+        if bias is not None:
+            row = row + bias.float()
+        if self.softcap:
+            row = torch.tanh(row / self.softcap) * self.softcap
+        return row
+
+    def _vocab_stats(self, hidden: torch.Tensor) -> dict[int, float]:
+        row = self._full_row(hidden)
+        return {VOCAB_LOGSUMEXP: torch.logsumexp(row, 0).item(), VOCAB_MAX: row.max().item()}
 
     # ------------------------------------------------------------------ protocol
 
@@ -416,15 +448,10 @@ class TorchBackend:
             hidden = self._forward(tokens, torch.arange(len(tokens)), None)[0][-1]
             # the full vocabulary, projected in float32 like the fast path's candidate rows
             # (in bfloat16 the model's own head would round logits to ~3 digits)
-            row = torch.cat([_dot_rows(self._head_rows(torch.arange(lo, min(lo + 8192,
-                                                                      self.vocab_size))),
-                                       hidden) for lo in range(0, self.vocab_size, 8192)])
-            bias = getattr(self.lm_head, "bias", None)
-            if bias is not None:
-                row = row + bias.float()
-            if self.softcap:
-                row = torch.tanh(row / self.softcap) * self.softcap
-            return row[list(candidates)].tolist()
+            row = self._full_row(hidden)
+            stats = {VOCAB_LOGSUMEXP: torch.logsumexp(row, 0).item(),
+                     VOCAB_MAX: row.max().item()}
+            return [stats[i] if i < 0 else row[i].item() for i in candidates]
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()

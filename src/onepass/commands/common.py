@@ -71,9 +71,11 @@ def _appends(action: argparse.Action) -> bool:
     return isinstance(action, argparse._AppendAction)
 
 
-def env_argument(container: Any, flag: str, **kwargs: Any) -> argparse.Action:
-    """``container.add_argument(flag, **kwargs)`` that falls back to ``$ONEPASS_<FLAG>``."""
-    action = container.add_argument(flag, **kwargs)
+def env_argument(container: Any, flag: str, *aliases: str, **kwargs: Any) -> argparse.Action:
+    """``container.add_argument(flag, *aliases, **kwargs)`` that falls back to
+    ``$ONEPASS_<FLAG>`` (``flag`` names the destination; ``aliases`` are other spellings,
+    typed-lm's among them)."""
+    action = container.add_argument(flag, *aliases, **kwargs)
     setattr(action, _ENV_ATTR, ENV_PREFIX + action.dest.upper())
     return action
 
@@ -127,17 +129,22 @@ def add_model_arguments(
     ``--model`` repeatable (``onepass serve`` keeps every one resident)."""
     g = parser.add_argument_group("model")
     env_argument(
-        g, "--model", action="append" if several else "store",
+        g, "--model", "--model-id", action="append" if several else "store",
         help="embedded alias (default: smollm2-135m-instruct; also gemma3-270m, "
         "qwen2.5-coder-0.5b-instruct), a .gguf file, a checkpoint directory or a hub id"
         + ("; repeat it to serve several models, each selected by its name" if several else ""),
     )
-    env_argument(g, "--adapter", help="LoRA adapter directory merged into the model at load")
+    env_argument(g, "--adapter", "--adapter-directory",
+                 help="LoRA adapter directory merged into the model at load")
+    env_argument(g, "--weights-file",
+                 help="typed-lm's flag: a .gguf file inside the --model hub repository or "
+                 "directory; that file is the model (one --model only)")
     env_argument(g, "--served-model-name",
                  help="name reported in responses (default: the model's name)")
     env_argument(g, "--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                  help="default: auto")
-    env_argument(g, "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    env_argument(g, "--dtype", "--model-dtype", default="auto",
+                 choices=["auto", "float32", "bfloat16", "float16"],
                  help="default: auto (bfloat16 on a CPU with native bfloat16 units, else "
                  "float32; bfloat16/float16 on GPU)")
     env_argument(g, "--compute", choices=["auto", "stored", "int8", "fp8", "float32",
@@ -259,9 +266,31 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
             "n_ctx": getattr(args, "n_ctx", None), "n_threads": getattr(args, "n_threads", None)}
 
 
+def apply_weights_file(args: argparse.Namespace) -> None:
+    """``--weights-file F`` with ``--model REPO``: ``args.model`` becomes the local GGUF file
+    (downloaded once from the hub), so everything after loads it like ``--model F.gguf``."""
+    filename = getattr(args, "weights_file", None)
+    if not filename:
+        return
+    from onepass.models import ModelError, weights_file
+
+    several = isinstance(args.model, list)
+    models = args.model if several else [args.model]
+    if several and len(models) != 1:
+        raise SystemExit("onepass: error: --weights-file names a file of one --model; give "
+                         "exactly one --model with it")
+    try:
+        path = str(weights_file(models[0], filename))
+    except ModelError as exc:
+        raise SystemExit(f"onepass: error: {exc}") from None
+    args.model = [path] if several else path
+    args.weights_file = None
+
+
 def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
     from onepass.engine import DecisionEngine
 
+    apply_weights_file(args)
     engine = DecisionEngine.from_pretrained(
         args.model,
         device=args.device,

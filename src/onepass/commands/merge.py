@@ -15,9 +15,10 @@ HELP = "merge a LoRA adapter into its base and write a servable checkpoint"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="base model: embedded alias (default: "
+    parser.add_argument("--model", "--model-id", help="base model: embedded alias (default: "
                         "smollm2-135m-instruct), .gguf, checkpoint directory or hub id")
-    parser.add_argument("--adapter", required=True, help="adapter directory")
+    parser.add_argument("--adapter", "--adapter-directory", required=True,
+                        help="adapter directory")
     parser.add_argument("--output-directory", required=True, help="where to write")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the written weights (default float32)")

@@ -35,9 +35,13 @@ HELP = "merge an adapter and write FP8 / MXFP4 / int8 weights that onepass serve
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="base model: embedded alias (default: "
+    parser.add_argument("--model", "--model-id", help="base model: embedded alias (default: "
                         "smollm2-135m-instruct), .gguf, checkpoint directory or hub id")
-    parser.add_argument("--adapter", help="LoRA adapter directory merged before quantizing")
+    parser.add_argument("--adapter", "--adapter-directory",
+                        help="LoRA adapter directory merged before quantizing")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                        help="accepted for typed-lm's scripts: quantizing runs on the CPU "
+                        "(auto, cpu); cuda and mps are refused")
     parser.add_argument("--quantization", required=True, choices=["fp8", "fp4", "int8", "none"],
                         help="fp8 (E4M3), fp4 (MXFP4), int8 (per channel) or none (merge only)")
     parser.add_argument("--output-directory", required=True, help="where to write")
@@ -236,6 +240,11 @@ def quantize(
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "device", "auto") not in ("auto", "cpu"):
+        print(f"onepass quantize: --device {args.device} is not supported: onepass quantizes "
+              "on the CPU (the artifact is then served on any device); use --device cpu or "
+              "leave it out", file=sys.stderr)
+        return 2
     from onepass.commands.train import prefer_passive_openmp
 
     prefer_passive_openmp()

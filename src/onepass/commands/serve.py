@@ -24,6 +24,7 @@ from typing import Any
 from onepass.commands.common import (
     add_model_arguments,
     apply_quality,
+    apply_weights_file,
     backend_options,
     env_argument,
     non_negative_int,
@@ -203,11 +204,12 @@ def model_specs(args: argparse.Namespace) -> list[Any]:
         engine_api_key=args.engine_api_key or None,
     )
     if args.models_config:
-        if args.model or args.served_model:
-            raise ModelsConfigError("--models-config replaces --model/--served-model: give one "
-                                    "or the other")
+        if args.model or args.served_model or args.weights_file:
+            raise ModelsConfigError("--models-config replaces --model/--served-model/"
+                                    "--weights-file: give one or the other")
         return load_models_config(args.models_config, base)
     backend_options(args)  # --backend remote without --engine/--engine-url: the flags' message
+    apply_weights_file(args)
     return specs_from_flags(args.model, args.served_model, base)
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 HELP = "train lora / qlora / full / from-scratch on the served decision position"
 
@@ -71,6 +73,29 @@ def flags_from_args(args: argparse.Namespace) -> dict[tuple[str, str], object]:
     return {(s.section, s.key): getattr(args, s.dest, None) for s in settings() if s.flag}
 
 
+def post_training_quantize(config: Any, *, show_progress: bool = False) -> Path | None:
+    """``quantization_mode = "post-training"`` (typed-lm's key): quantize what was just
+    trained — an adapter merged into its base, or a full / from-scratch checkpoint — exactly as
+    ``onepass quantize`` would, into ``OUTPUT_DIRECTORY/quantized``. None when there is nothing
+    to do (mode ``training``, or quantization ``none``)."""
+    run = config.run
+    if run.quantization_mode != "post-training" or run.quantization == "none":
+        return None
+    from onepass.adapters import AdapterError
+    from onepass.commands.quantize import quantize
+    from onepass.quant.artifact import QuantizeError
+    from onepass.train.config import ConfigError
+
+    out = Path(run.output_directory)
+    adapters = run.method in ("lora", "qlora")
+    try:
+        quantize(run.model if adapters else str(out), str(out) if adapters else None,
+                 run.quantization, out / "quantized", show_progress=show_progress)
+    except (AdapterError, QuantizeError) as exc:
+        raise ConfigError(f"post-training quantization: {exc}") from None
+    return out / "quantized"
+
+
 def prefer_passive_openmp() -> None:
     """Before torch loads: idle OpenMP workers sleep instead of spinning.
 
@@ -95,9 +120,12 @@ def run(args: argparse.Namespace) -> int:
         from onepass.train.loop import train
 
         result = train(config, console=console, show_progress=console.is_terminal)
+        quantized = post_training_quantize(config, show_progress=console.is_terminal)
     except (ConfigError, DatasetError, ModelError, FileNotFoundError) as exc:
         print(f"onepass train: {exc}", file=sys.stderr)
         return 2
+    if quantized is not None:
+        console.print(f"quantized ({config.run.quantization}): {quantized}")
     best = result.history[result.best_epoch - 1] if result.best_epoch else {}
     if "validation_accuracy" in best:
         console.print(

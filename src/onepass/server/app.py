@@ -242,6 +242,7 @@ def create_app(
                     field="questions",
                 )
             engine.check_model(parsed.model)
+            engine.check_request(parsed)  # cache_salt, diagnostics, chat_template_kwargs
             return parsed, engine
 
         raw, (parsed, engine) = await read_json(request, settings, contract_check(check))
@@ -270,7 +271,7 @@ def create_app(
         if DEFAULT_MODEL_ALIAS not in names:
             names.append(DEFAULT_MODEL_ALIAS)
             descriptions[DEFAULT_MODEL_ALIAS] = (
-                f"alias of {default.served_name!r} (so is any 'jev-*' name)")
+                f"alias of {default.served_name!r} (so are 'typed-lm' and any 'jev-*' name)")
         return StrictJSONResponse({
             "object": "list",
             "data": [{"id": n, "object": "model", "owned_by": "onepass"} for n in names],

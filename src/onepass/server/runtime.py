@@ -193,7 +193,8 @@ class Runtime:
                 "model_not_found",
                 f"model: unknown model {model!r}: this server serves "
                 f"{', '.join(repr(n) for n in self.engines)} (the default, "
-                f"{self.engine.served_name!r}, also as 'jev-latest' or any 'jev-*' name)",
+                f"{self.engine.served_name!r}, also as 'jev-latest', 'typed-lm' or any 'jev-*' "
+                "name)",
                 field="model",
             )
         if task == "generate" and is_embedding(engine):

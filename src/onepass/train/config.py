@@ -108,8 +108,15 @@ class RunConfig:
                                         "(comma-separated on the command line)", type=list)
     lora_layers: int = _f(8, "adapt only the last N decoder layers (0: all); fewer layers "
                           "means a shorter backward pass", type=int, minimum=0)
-    quantization: str = _f("int4", "qlora: how the frozen base is held in memory", type=str,
-                           choices=("int4", "int8", "fp8", "fp4"))
+    quantization: str = _f("int4", "qlora: how the frozen base is held in memory; with "
+                           "quantization_mode post-training: the format the trained artifact "
+                           "is quantized to (none: not quantized)", type=str,
+                           choices=("int4", "int8", "fp8", "fp4", "none"))
+    quantization_mode: str = _f("training", "training: qlora holds its base in `quantization` "
+                                "while it trains (other methods ignore it); post-training: the "
+                                "trained artifact is quantized at the end (fp8, fp4, int8; none "
+                                "skips it) into OUTPUT_DIRECTORY/quantized (typed-lm's key)",
+                                type=str, choices=("training", "post-training"))
     quantization_block_size: int = _f(64, "qlora int4: weights per scale", type=int, minimum=8)
     checkpoint_steps: int = _f(0, "also checkpoint every N optimizer steps (0: at epoch ends "
                                "only)", type=int, minimum=0)
@@ -365,12 +372,28 @@ def resolve_config(
             value = setting.default
         sections[setting.section][setting.key] = value
     config = TrainConfig(**{name: SECTIONS[name](**body) for name, body in sections.items()})
+    _check_quantization(config.run)
     adapters = config.run.method in ("lora", "qlora")
     if config.run.learning_rate is None:
         config.run.learning_rate = ADAPTER_LEARNING_RATE if adapters else FULL_LEARNING_RATE
     if config.run.lr_schedule is None:
         config.run.lr_schedule = "constant" if adapters else "linear"
     return config
+
+
+def _check_quantization(run: RunConfig) -> None:
+    """``quantization`` x ``quantization_mode`` x ``method``: what each pair means is fixed, so
+    a pair with no meaning is an error, never silently ignored."""
+    if run.method == "qlora" and run.quantization_mode == "post-training":
+        raise ConfigError("quantization_mode post-training: qlora quantizes its base while it "
+                          "trains (quantization_mode training); quantize the merged result "
+                          "with `onepass quantize` afterwards")
+    if run.method == "qlora" and run.quantization == "none":
+        raise ConfigError("quantization none: qlora trains over a quantized base; use int4, "
+                          "int8, fp8 or fp4, or --method lora")
+    if run.quantization_mode == "post-training" and run.quantization == "int4":
+        raise ConfigError("quantization int4 with quantization_mode post-training: a served "
+                          "artifact is fp8, fp4 or int8 (or none)")
 
 
 def validation_split(config: TrainConfig, records: int) -> float:
