@@ -3,6 +3,8 @@ off; generation maps reasoning_effort / chat_template_kwargs onto the switch and
 reasoning apart. A tiny random-weight Qwen3 with SmolLM2's tokenizer and a template written
 here (Qwen3's switch) proves the plumbing; a grammar makes it write a think block."""
 
+import json
+
 import pytest
 
 from onepass.generate.reasoning import (
@@ -159,3 +161,118 @@ def test_thinking_on_for_a_decision_is_refused(tiny):
     with pytest.raises(ContractError) as info:
         engine.answer({**REQUEST, "chat_template_kwargs": {"enable_thinking": True}})
     assert info.value.field == "chat_template_kwargs.enable_thinking"
+
+
+# --------------------------------------------------------------------------- served
+
+
+GRAMMAR = 'start: "<think>" "abc" "</think>" "hello"'
+ASK = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def http(tiny):
+    """The tiny Qwen3 (switch template) and the same model without a switch, in-process."""
+    from fastapi.testclient import TestClient
+
+    from onepass.server import ServerSettings, create_app
+
+    with TestClient(create_app(tiny_engine(tiny, QWEN3_TEMPLATE), ServerSettings())) as c:
+        yield c
+
+
+def frames(http, path, body):
+    with http.stream("POST", path, json={**body, "stream": True}) as s:
+        assert s.status_code == 200
+        return [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+
+
+def test_chat_returns_the_think_block_as_reasoning_content(http):
+    body = {"messages": ASK, "grammar": GRAMMAR, "max_tokens": 40, "temperature": 0,
+            "reasoning_effort": "high"}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    message, usage = r.json()["choices"][0]["message"], r.json()["usage"]
+    assert (message["reasoning_content"], message["content"]) == ("abc", "hello")
+    reasoning_tokens = usage["completion_tokens_details"]["reasoning_tokens"]
+    assert 0 < reasoning_tokens < usage["completion_tokens"]
+    chunks = frames(http, "/v1/chat/completions",
+                    {**body, "stream_options": {"include_usage": True}})
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "abc"
+    assert "".join(d.get("content", "") for d in deltas) == "hello"
+    last_reasoning = max(i for i, d in enumerate(deltas) if "reasoning_content" in d)
+    assert all(not d.get("content") for d in deltas[:last_reasoning])  # reasoning first
+    assert chunks[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] == \
+        reasoning_tokens
+
+
+def test_responses_return_a_reasoning_item(http):
+    body = {"input": "Say hello.", "max_output_tokens": 40, "temperature": 0,
+            "reasoning": {"effort": "medium"}, "grammar": GRAMMAR}
+    r = http.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [item["type"] for item in out["output"]] == ["reasoning", "message"]
+    item = out["output"][0]
+    assert item["summary"] == [] and item["id"].startswith("rs_")
+    assert item["content"] == [{"type": "reasoning_text", "text": "abc"}]
+    assert out["output"][1]["content"][0]["text"] == "hello"
+    assert out["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+    assert out["reasoning"] == {"effort": "medium", "summary": None}
+    events = frames(http, "/v1/responses", body)
+    kinds = [e["type"] for e in events]
+    assert "".join(e["delta"] for e in events
+                   if e["type"] == "response.reasoning_text.delta") == "abc"
+    assert "".join(e["delta"] for e in events
+                   if e["type"] == "response.output_text.delta") == "hello"
+    assert kinds.index("response.reasoning_text.done") < kinds.index(
+        "response.output_text.delta")
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert [(e["output_index"], e["item"]["type"]) for e in done] == [
+        (0, "reasoning"), (1, "message")]
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0]["id"] == done[0]["item"]["id"]
+    assert final["output"][0]["content"][0]["text"] == "abc"
+
+
+def test_effort_maps_onto_the_switch_and_conflicts_are_refused(http):
+    def prompt_tokens(**extra):
+        r = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 1,
+                                                     "temperature": 0, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    on = prompt_tokens(reasoning_effort="low")
+    off = prompt_tokens(reasoning_effort="none")
+    assert off > on  # thinking off: the empty think block is in the prompt
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == off
+    assert prompt_tokens(reasoning_effort="minimal") == off
+    r = http.post("/v1/chat/completions", json={
+        "messages": ASK, "reasoning_effort": "high",
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+
+
+def test_a_model_without_a_switch_refuses_effort_by_name(tiny):
+    from fastapi.testclient import TestClient
+
+    from onepass.server import ServerSettings, create_app
+
+    with TestClient(create_app(tiny_engine(tiny, PLAIN_TEMPLATE), ServerSettings())) as c:
+        for path, body, field in [
+            ("/v1/chat/completions", {"messages": ASK, "reasoning_effort": "low"},
+             "reasoning_effort"),
+            ("/v1/responses", {"input": "hi", "reasoning": {"effort": "high"}},
+             "reasoning.effort"),
+        ]:
+            r = c.post(path, json={**body, "max_tokens" if "messages" in body
+                                   else "max_output_tokens": 2})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == field
+            assert "not supported" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 2,
+                                                  "reasoning_effort": "none"})
+        assert r.status_code == 200, r.text
+        assert "reasoning_content" not in r.json()["choices"][0]["message"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from onepass.contract import ContractError, _describe
+
 THINKING_SWITCH = "enable_thinking"
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
@@ -156,3 +158,46 @@ def reasoning_token_count(ids: Sequence[int], decode: Callable[[Sequence[int]], 
         else:
             low = mid + 1
     return low
+
+
+def parse_effort(value: Any, field: str) -> str | None:
+    """A ``reasoning_effort`` value (chat) or ``reasoning.effort`` (Responses)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in EFFORTS:
+        shown = repr(value[:40]) if isinstance(value, str) else _describe(value)
+        raise ContractError(field, f"expected one of {', '.join(EFFORTS)}, got {shown}")
+    return value
+
+
+def generation_kwargs(template: Any, kwargs: Sequence[tuple[str, Any]], effort: str | None,
+                      effort_field: str, *, accepts_kwargs: bool) -> dict[str, Any]:
+    """The template variables a generation prompt renders with: the request's
+    ``chat_template_kwargs`` and its reasoning effort mapped onto the template's thinking
+    switch. A model without a switch cannot think, so an effort other than ``none`` is
+    refused there (naming ``effort_field``), never silently ignored; a backend that renders
+    no template variables refuses them by name."""
+    bound = dict(kwargs)
+    if effort is not None:
+        on = thinking_on(effort)
+        if has_thinking_switch(template) and accepts_kwargs:
+            given = bound.get(THINKING_SWITCH)
+            if given is not None and given != on:
+                raise ContractError(effort_field, f"{effort!r} asks for thinking "
+                                    f"{'on' if on else 'off'} but chat_template_kwargs."
+                                    f"{THINKING_SWITCH} says {given!r}: send one of them")
+            bound[THINKING_SWITCH] = on
+        elif effort != "none":
+            raise ContractError(effort_field, "reasoning is not supported by this model: its "
+                                f"chat template has no thinking switch ({THINKING_SWITCH}); "
+                                "send 'none' or leave the field out")
+    if bound and not accepts_kwargs:
+        raise ContractError("chat_template_kwargs", "this model's backend renders no chat "
+                            "template with arguments: send the request without it")
+    return bound
+
+
+def thinking_prompt(kwargs: Mapping[str, Any], prompt_text: str) -> bool:
+    """Whether the reply starts inside a think block: thinking turned on, or a template that
+    opens the block in the prompt itself (the reply then has no ``<think>`` of its own)."""
+    return kwargs.get(THINKING_SWITCH) is True or prompt_text.rstrip().endswith(OPEN_TAG)
