@@ -7,13 +7,16 @@ import json
 
 import pytest
 
+from onepass.contract import ContractError
 from onepass.generate.reasoning import (
     ReasoningSplitter,
     decision_kwargs,
+    generation_kwargs,
     has_thinking_switch,
     reasoning_token_count,
     split_reasoning,
     thinking_on,
+    thinking_prompt,
 )
 
 # ChatML with Qwen3's switch after the assistant header
@@ -94,6 +97,33 @@ def test_switch_detection_and_effort_mapping():
         None, False, False, True, True]
 
 
+def test_generation_kwargs_map_effort_and_refuse_by_name():
+    assert generation_kwargs(QWEN3_TEMPLATE, (), "high", "reasoning_effort",
+                             accepts_kwargs=True) == {"enable_thinking": True}
+    assert generation_kwargs(QWEN3_TEMPLATE, (("x", 1),), "minimal", "reasoning.effort",
+                             accepts_kwargs=True) == {"enable_thinking": False, "x": 1}
+    assert generation_kwargs(PLAIN_TEMPLATE, (), "none", "reasoning_effort",
+                             accepts_kwargs=False) == {}
+    for template, kwargs, effort, accepts, field, words in [
+        (PLAIN_TEMPLATE, (), "low", True, "reasoning_effort", "no thinking switch"),
+        (QWEN3_TEMPLATE, (), "low", False, "reasoning_effort", "backend"),
+        (PLAIN_TEMPLATE, (("x", 1),), None, False, "chat_template_kwargs", "no chat template"),
+        (QWEN3_TEMPLATE, (("enable_thinking", True),), "none", True, "reasoning_effort",
+         "send one of them"),
+    ]:
+        with pytest.raises(ContractError) as info:
+            generation_kwargs(template, kwargs, effort, "reasoning_effort",
+                              accepts_kwargs=accepts)
+        assert info.value.field == field and words in info.value.message
+
+
+def test_thinking_prompt_from_the_switch_or_an_opened_block():
+    assert thinking_prompt({"enable_thinking": True}, "assistant\n")
+    assert thinking_prompt({}, "<|im_start|>assistant\n<think>\n")
+    assert not thinking_prompt({}, "<|im_start|>assistant\n")
+    assert not thinking_prompt({"enable_thinking": False}, "<think>\n\n</think>\n\n")
+
+
 # --------------------------------------------------------------------------- tiny Qwen3
 
 
@@ -155,8 +185,6 @@ def test_a_template_without_the_switch_renders_unchanged(tiny):
 
 
 def test_thinking_on_for_a_decision_is_refused(tiny):
-    from onepass.contract import ContractError
-
     engine = tiny_engine(tiny, QWEN3_TEMPLATE)
     with pytest.raises(ContractError) as info:
         engine.answer({**REQUEST, "chat_template_kwargs": {"enable_thinking": True}})
@@ -276,3 +304,21 @@ def test_a_model_without_a_switch_refuses_effort_by_name(tiny):
                                                   "reasoning_effort": "none"})
         assert r.status_code == 200, r.text
         assert "reasoning_content" not in r.json()["choices"][0]["message"]
+
+
+def test_a_template_that_opens_the_block_itself(tiny):
+    """DeepSeek-R1-style: the prompt ends in ``<think>``, the reply has only the end tag."""
+    from fastapi.testclient import TestClient
+
+    from onepass.server import ServerSettings, create_app
+
+    opened = PLAIN_TEMPLATE.replace("'<|im_start|>assistant\\n'",
+                                    "'<|im_start|>assistant\\n<think>\\n'")
+    assert opened != PLAIN_TEMPLATE
+    with TestClient(create_app(tiny_engine(tiny, opened), ServerSettings())) as c:
+        r = c.post("/v1/chat/completions", json={
+            "messages": ASK, "max_tokens": 40, "temperature": 0,
+            "grammar": 'start: "abc" "</think>" "hello"'})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("abc", "hello")

@@ -187,6 +187,10 @@ def generation_kwargs(template: Any, kwargs: Sequence[tuple[str, Any]], effort: 
                                     f"{'on' if on else 'off'} but chat_template_kwargs."
                                     f"{THINKING_SWITCH} says {given!r}: send one of them")
             bound[THINKING_SWITCH] = on
+        elif effort != "none" and has_thinking_switch(template):
+            raise ContractError(effort_field, "reasoning is not supported by this model's "
+                                "backend: it cannot set the template's thinking switch "
+                                f"({THINKING_SWITCH}); send 'none' or leave the field out")
         elif effort != "none":
             raise ContractError(effort_field, "reasoning is not supported by this model: its "
                                 f"chat template has no thinking switch ({THINKING_SWITCH}); "

@@ -285,8 +285,9 @@ def template_kwargs(gen: Any, kwargs: Sequence[tuple[str, Any]], effort: str | N
 
 
 def thinks(gen: Any, prompt: list[int], kwargs: dict[str, Any]) -> bool:
-    """Whether the reply starts inside a think block (:func:`R.thinking_prompt`)."""
-    return R.thinking_prompt(kwargs, gen.backend.decode(prompt[-8:]) if kwargs else "")
+    """Whether the reply starts inside a think block (:func:`R.thinking_prompt`): the last
+    few prompt tokens say whether the template opened one itself."""
+    return R.thinking_prompt(kwargs, gen.backend.decode(prompt[-8:]))
 
 
 def tool_prompt(gen: Any, messages: list[dict[str, Any]], tools: T.ToolSpec | None,
