@@ -108,7 +108,16 @@ CHAT_BAD = [
     ({"messages": MSG, "response_format": {"type": "json_object"}, "stop": ["}"]}, "stop",
      "grammar decides"),
     ({"messages": MSG, "store": True}, "store", "not supported yet"),
-    ({"messages": MSG, "reasoning_effort": "high"}, "reasoning_effort", "not supported yet"),
+    ({"messages": MSG, "reasoning_effort": "extreme"}, "reasoning_effort", "one of none"),
+    ({"messages": MSG, "reasoning_effort": ["high"]}, "reasoning_effort", "one of none"),
+    ({"messages": MSG, "reasoning_effort": "x" * 100000}, "reasoning_effort", "one of none"),
+    ({"messages": MSG, "chat_template_kwargs": {"k": {"deep": 1}}}, "chat_template_kwargs.k",
+     "nested"),
+    ({"messages": MSG, "chat_template_kwargs": {"messages": "x"}},
+     "chat_template_kwargs.messages", "reserved"),
+    ({"messages": MSG, "chat_template_kwargs": {"k": 2**80}}, "chat_template_kwargs.k",
+     "2**53"),
+    ({"messages": MSG, "chat_template_kwargs": "x"}, "chat_template_kwargs", "an object"),
     ({"messages": MSG, "temprature": 0.5}, "temprature", "unknown field"),
 ]
 
@@ -179,7 +188,14 @@ RESPONSES_BAD = [
     ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity", "medium"),
     ({"input": "x", "text": {"style": "x"}}, "text.style", "unknown key"),
     ({"input": "x", "text": "json"}, "text", "an object"),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "not supported"),
+    ({"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort", "one of none"),
+    ({"input": "x", "reasoning": {"effort": 3}}, "reasoning.effort", "one of none"),
+    ({"input": "x", "reasoning": {"summary": "auto"}}, "reasoning.summary", "not supported"),
+    ({"input": "x", "reasoning": {"budget": 9}}, "reasoning.budget", "unknown option"),
+    ({"input": "x", "reasoning": "high"}, "reasoning", "an object"),
+    ({"input": "x", "grammar": 'start: "a"', "text": {"format": {"type": "json_object"}}},
+     "grammar", "cannot be combined"),
+    ({"input": "x", "grammar": ""}, "grammar", "non-empty"),
     ({"input": "x", "truncation": "auto"}, "truncation", "never truncated"),
     ({"input": "x", "background": True}, "background", "not supported"),
     ({"input": "x", "top_logprobs": 2}, "top_logprobs", "not supported"),
@@ -293,7 +309,8 @@ FINISHES = [Finish("stop", 10, 2, 4), Finish("length", 10, 3, 4)]
 def test_usage_counts_the_prompt_once_and_sums_completions():
     usage = W.Usage.of(FINISHES)
     assert usage.chat() == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
-                            "prompt_tokens_details": {"cached_tokens": 4}}
+                            "prompt_tokens_details": {"cached_tokens": 4},
+                            "completion_tokens_details": {"reasoning_tokens": 0}}
     assert usage.responses()["input_tokens_details"] == {"cached_tokens": 4,
                                                          "cache_write_tokens": 0}
     assert usage.responses()["output_tokens_details"] == {"reasoning_tokens": 0}

@@ -352,10 +352,12 @@ def _bounded_string(value: Any, field: str, limit: int) -> str | None:
     return value
 
 
-def parse_template_kwargs(value: Any) -> tuple[tuple[str, Scalar], ...]:
-    """``chat_template_kwargs``: an object of JSON scalars, bounded, with thinking off (a
-    decision reads the first token of the reply, which a thinking template spends on
-    reasoning). Returned as sorted pairs: one request's kwargs, one hashable key."""
+def parse_template_kwargs(value: Any, *, decision: bool = True
+                          ) -> tuple[tuple[str, Scalar], ...]:
+    """``chat_template_kwargs``: an object of JSON scalars, bounded, with thinking off for a
+    ``decision`` (it reads the first token of the reply, which a thinking template spends on
+    reasoning; generation may think). Returned as sorted pairs: one request's kwargs, one
+    hashable key."""
     field = "chat_template_kwargs"
     if value is None:
         return ()
@@ -370,8 +372,8 @@ def parse_template_kwargs(value: Any) -> tuple[tuple[str, Scalar], ...]:
             raise ContractError(field, f"keys must be 1 to {MAX_TEMPLATE_KEY_CHARS} characters")
         where = f"{field}.{key}"
         if key in RESERVED_TEMPLATE_KEYS:
-            raise ContractError(where, "reserved: the server renders the decision prompt "
-                                       "itself; only template variables can be set")
+            raise ContractError(where, "reserved: the server renders the prompt itself; "
+                                       "only template variables can be set")
         if item is not None and not isinstance(item, (str, int, float, bool)):
             raise ContractError(where, f"expected a string, number, boolean or null, got "
                                        f"{_describe(item)} (nested values are not accepted)")
@@ -381,7 +383,7 @@ def parse_template_kwargs(value: Any) -> tuple[tuple[str, Scalar], ...]:
         if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**53:
             raise ContractError(where, "expected an integer within +-2**53")
         _check_json(item, where)
-        if key in THINKING_KEYS and item not in (None, False):
+        if decision and key in THINKING_KEYS and item not in (None, False):
             raise ContractError(where, "decisions read the first token of the reply, so "
                                        "thinking must be off: send false or leave it out")
         pairs.append((key, item))

@@ -29,6 +29,7 @@ from onepass.contract import (
     parse_request,
     resolves_to,
 )
+from onepass.generate.reasoning import decision_kwargs
 from onepass.readout import (
     argmax_first,
     choice_confidence,
@@ -125,7 +126,7 @@ class DecisionEngine:
         self.style = style
         if chat_format is None:
             chat_format = (
-                P.ChatFormat.from_template(backend.render_chat)
+                P.ChatFormat.from_template(decision_render(backend))
                 if backend.chat_template
                 else P.PLAIN_FORMAT
             )
@@ -541,10 +542,8 @@ class DecisionEngine:
         formats = self.__dict__.setdefault("_formats", OrderedDict())
         entry = formats.get(kwargs)  # no lock: a race renders one format twice, never fails
         if entry is None:
-            bound = dict(kwargs)
             try:
-                fmt = P.ChatFormat.from_template(
-                    lambda messages: self.backend.render_chat(messages, **bound))
+                fmt = P.ChatFormat.from_template(decision_render(self.backend, kwargs))
             except Exception as error:  # the template's own fault with these arguments
                 raise ContractError("chat_template_kwargs", "the chat template cannot be "
                                     f"rendered with these arguments: {str(error)[:200]}"
@@ -826,6 +825,17 @@ class DecisionEngine:
         prompt = self.generator.chat_prompt(messages)
         limit = self.generator.output_limit(len(prompt), params.max_tokens)
         return prompt, params, limit, compiled
+
+
+def decision_render(backend: Any, kwargs: Sequence[tuple[str, Any]] = ()
+                    ) -> Callable[[list[dict[str, str]]], str]:
+    """The backend's chat template as a decision renders it: with the request's template
+    ``kwargs`` and, where the template has a thinking switch, thinking off (the label is then
+    the reply's first token: Qwen3 writes an empty think block into the prompt)."""
+    bound = decision_kwargs(getattr(backend, "chat_template", None), kwargs)
+    if not bound or not getattr(backend, "chat_template_kwargs", False):
+        return backend.render_chat
+    return lambda messages: backend.render_chat(messages, **bound)
 
 
 def adapter_order_warning(adapter: str | None, debias: str) -> str | None:

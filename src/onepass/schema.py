@@ -790,6 +790,8 @@ def turn_break(engine: DecisionEngine) -> str:
     """
     if engine in _TURN_BREAKS:
         return _TURN_BREAKS[engine]
+    from onepass.engine import decision_render  # (engine imports this module)
+
     fmt, backend = engine.format, engine.backend
     found = "\n\n"
     if getattr(backend, "chat_template", None) and fmt != P.PLAIN_FORMAT:
@@ -802,7 +804,7 @@ def turn_break(engine: DecisionEngine) -> str:
         ):
             messages += [{"role": "assistant", "content": a1}, {"role": "user", "content": u2}]
             try:
-                text = backend.render_chat(messages)
+                text = decision_render(backend)(messages)
             except Exception:  # a template that refuses this shape: try the next one
                 continue
             if text.startswith(first) and text.endswith(end) and len(text) >= len(first + end):

@@ -725,11 +725,12 @@ class TorchBackend:
         return out, logits, cached
 
     def render_chat_tools(self, messages: list[dict[str, Any]],
-                          tools: list[dict[str, Any]] | None) -> str:
+                          tools: list[dict[str, Any]] | None, **template_kwargs: Any) -> str:
         """The chat template with ``tools`` (for templates that declare them): an open
         assistant turn at the end, exactly like :meth:`render_chat`."""
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
+            **template_kwargs,
         )
 
     @torch.inference_mode()

@@ -8,7 +8,7 @@ sequences to the model's one :class:`~onepass.generate.scheduler.GenerationSched
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,13 +72,15 @@ class TextGenerator:
 
     # ------------------------------------------------------------------ prompts
 
-    def chat_prompt(self, messages: Any, field: str = "messages") -> list[int]:
+    def chat_prompt(self, messages: Any, field: str = "messages",
+                    template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of ``messages`` rendered by the model's chat template (an open
-        assistant turn at the end)."""
+        assistant turn at the end); ``template_kwargs``: more template variables (a
+        request's ``chat_template_kwargs``, its reasoning switch)."""
         normalized = normalize_messages(messages, field)
         if self.backend.chat_template:
             try:
-                text = self.backend.render_chat(normalized)
+                text = self.backend.render_chat(normalized, **(template_kwargs or {}))
             except Exception as exc:  # the template's own refusal (e.g. role order)
                 raise ContractError(
                     field, f"the model's chat template refused these messages: {exc}"

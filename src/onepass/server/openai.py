@@ -39,10 +39,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from onepass.contract import ContractError, _describe
+from onepass.contract import ContractError, _describe, parse_template_kwargs
 from onepass.generate.chat import ROLES, content_text, normalize_messages
 from onepass.generate.grammar import GrammarSpec, grammar_from_response_format, grammar_request
 from onepass.generate.params import MAX_LOGPROBS, SamplingParams
+from onepass.generate.reasoning import parse_effort
 from onepass.generate.tools import (
     ToolCall,
     ToolSpec,
@@ -71,7 +72,7 @@ TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 CHAT_FIELDS = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream",
     "stream_options", "logprobs", "top_logprobs", "response_format", "grammar",
-    *TOOL_FIELDS, *SAMPLING_FIELDS, *HARMLESS_FIELDS,
+    "chat_template_kwargs", "reasoning_effort", *TOOL_FIELDS, *SAMPLING_FIELDS, *HARMLESS_FIELDS,
 })
 COMPLETION_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "n", "stream", "stream_options", "logprobs", "echo",
@@ -79,7 +80,8 @@ COMPLETION_FIELDS = frozenset({
 })
 RESPONSES_FIELDS = frozenset({
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "store",
-    "previous_response_id", "text", *TOOL_FIELDS, *SAMPLING_FIELDS, *HARMLESS_FIELDS,
+    "previous_response_id", "text", "reasoning", "grammar", *TOOL_FIELDS, *SAMPLING_FIELDS,
+    *HARMLESS_FIELDS,
 })
 EMBEDDING_FIELDS = frozenset({"model", "input", "dimensions", "encoding_format", "user",
                               "model_token_ids"})
@@ -96,8 +98,7 @@ _NOT_YET = {
     "audio": "audio output",
     "modalities": "output modalities other than text",
     "prediction": "predicted outputs",
-    "reasoning_effort": "reasoning effort",
-    "reasoning": "reasoning options",
+    "reasoning": "reasoning options (on /v1/responses; reasoning_effort here)",
     "web_search_options": "web search",
     "verbosity": "verbosity",
     "max_tool_calls": "tool calls",
@@ -255,6 +256,8 @@ class ChatRequest:
     logprobs: bool
     grammar: GrammarSpec | None = None
     tools: ToolSpec | None = None
+    template_kwargs: tuple[tuple[str, Any], ...] = ()  # chat_template_kwargs (thinking may be on)
+    reasoning_effort: str | None = None
 
 
 def chat_messages(raw: Any, field_name: str = "messages") -> list[dict[str, Any]]:
@@ -324,6 +327,9 @@ def parse_chat(body: Any) -> ChatRequest:
         n=_int(body, "n", 1, MAX_CHOICES) or 1, stream=stream,
         include_usage=_stream_options(body, stream), logprobs=logprobs,
         grammar=_structured(spec, params),
+        template_kwargs=parse_template_kwargs(body.get("chat_template_kwargs"),
+                                              decision=False),
+        reasoning_effort=parse_effort(body.get("reasoning_effort"), "reasoning_effort"),
     )
 
 
@@ -399,6 +405,7 @@ class ResponsesRequest:
     text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
     grammar: GrammarSpec | None = None
     tools: ToolSpec | None = None
+    reasoning_effort: str | None = None  # reasoning.effort
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -406,6 +413,8 @@ class ResponsesRequest:
 
 
 def parse_responses(body: Any) -> ResponsesRequest:
+    # read before the neutral values are dropped: effort none still turns a switch off
+    effort = _reasoning(body.get("reasoning") if isinstance(body, dict) else None)
     body = _check_fields(body, RESPONSES_FIELDS, "POST /v1/responses")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -423,6 +432,11 @@ def parse_responses(body: Any) -> ResponsesRequest:
     _stream_options(body, stream)  # validated; include_obfuscation has no effect here
     params = _sampling(body, None, max_output)
     text_format, spec = _text_format(body.get("text"))
+    if body.get("grammar") is not None:  # the extension chat and completions take too
+        if spec is not None:
+            raise ContractError("grammar", "a grammar and a text.format other than text "
+                                "cannot be combined: send one of them")
+        spec = grammar_request(None, body["grammar"])
     tools = _tools(body, "responses", spec, params)
     return ResponsesRequest(
         model=_model(body), input_items=parse_input(body.get("input")),
@@ -431,7 +445,25 @@ def parse_responses(body: Any) -> ResponsesRequest:
         stream=stream, store=_bool(body, "store"),
         previous_response_id=previous, metadata=_metadata(body), user=user,
         text_format=text_format, grammar=_structured(spec, params), tools=tools,
+        reasoning_effort=effort,
     )
+
+
+def _reasoning(value: Any) -> str | None:
+    """Responses ``reasoning``: ``{"effort": ...}`` (``summary`` only null: the reasoning
+    itself is returned, never a summary of it)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ContractError("reasoning", f"expected an object, got {_describe(value)}")
+    for key in value:
+        if key not in ("effort", "summary", "generate_summary"):
+            raise ContractError(f"reasoning.{key}", "unknown option; expected effort")
+        if key != "effort" and value[key] is not None:
+            raise ContractError(f"reasoning.{key}", "reasoning summaries are not supported "
+                                "yet by this server (the reasoning itself is returned): "
+                                "remove the field")
+    return parse_effort(value.get("effort"), "reasoning.effort")
 
 
 def _text_format(text: Any) -> tuple[dict[str, Any], GrammarSpec | None]:
@@ -601,6 +633,7 @@ class Choice:
     tokens: list[Any] = field(default_factory=list)  # TokenInfo
     finish_reason: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str | None = None  # a reasoning model's think block (None: it had none)
 
 
 @dataclass(frozen=True)
@@ -608,19 +641,21 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning_tokens: int = 0  # of completion_tokens, those inside a think block
 
     @classmethod
-    def of(cls, finishes: Sequence[Any]) -> Usage:
+    def of(cls, finishes: Sequence[Any], reasoning_tokens: int = 0) -> Usage:
         """n sequences of one prompt: the prompt counted once, completions summed."""
         first = finishes[0]
         return cls(first.prompt_tokens, sum(f.completion_tokens for f in finishes),
-                   first.cached_tokens)
+                   first.cached_tokens, reasoning_tokens)
 
     def chat(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
     def responses(self) -> dict[str, Any]:
         # cache_write_tokens counts explicit cache writes (OpenAI's prompt_cache_options);
@@ -629,7 +664,7 @@ class Usage:
                 "input_tokens_details": {"cached_tokens": self.cached_tokens,
                                          "cache_write_tokens": 0},
                 "output_tokens": self.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
 
@@ -668,6 +703,8 @@ def assistant_message(choice: Choice) -> dict[str, Any]:
     """``choices[].message``: with tool calls, ``tool_calls`` (and content null when the
     model wrote nothing else)."""
     message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+    if choice.reasoning is not None:  # vLLM's and DeepSeek's name for the think block
+        message["reasoning_content"] = choice.reasoning
     if choice.tool_calls:
         message["content"] = choice.text or None
         message["tool_calls"] = [
@@ -692,11 +729,14 @@ def chat_chunk(
     cid: str, created: int, model: str, index: int, *, role: bool = False,
     content: str | None = None, tokens: Sequence[Any] | None = None,
     finish_reason: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
+    reasoning_content: str | None = None,
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk``: the first of a choice carries ``delta.role``."""
     delta: dict[str, Any] = {}
     if role:
         delta["role"] = "assistant"
+    if reasoning_content is not None:
+        delta["reasoning_content"] = reasoning_content
     if content is not None:
         delta["content"] = content
     if tool_calls is not None:
@@ -800,7 +840,9 @@ def response_object(
         else [],
         "store": req.store if store is None else store,
         "text": {"format": req.text_format}, "truncation": "disabled",
-        "reasoning": None, "background": False, "user": req.user,
+        "reasoning": {"effort": req.reasoning_effort, "summary": None}
+        if req.reasoning_effort is not None else None,
+        "background": False, "user": req.user,
         "usage": usage.responses() if usage is not None else None,
     }
 
@@ -809,6 +851,13 @@ def output_message(item_id: str, text: str, status: str) -> dict[str, Any]:
     """The assistant message item of a response (``status`` in_progress while streaming)."""
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
             "content": [output_text(text)] if status != "in_progress" else []}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A reasoning output item (OpenAI's Responses shape): the think block's text as
+    ``reasoning_text`` content; no summary is written."""
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def output_item_events(item: Mapping[str, Any],
@@ -828,6 +877,14 @@ def output_item_events(item: Mapping[str, Any],
         ]
     text = "".join(part["text"] for part in item["content"])
     place = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    if item["type"] == "reasoning":
+        return [
+            ("response.output_item.added", {"output_index": index, "item": {
+                **item, "status": "in_progress", "content": []}}),
+            ("response.reasoning_text.delta", {**place, "delta": text}),
+            ("response.reasoning_text.done", {**place, "text": text}),
+            ("response.output_item.done", {"output_index": index, "item": dict(item)}),
+        ]
     return [
         ("response.output_item.added", {"output_index": index, "item": {
             **item, "status": "in_progress", "content": []}}),

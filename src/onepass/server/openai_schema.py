@@ -141,6 +141,12 @@ class ResponseInputMessage(BaseModel):
     content: str | list[ChatTextPart] = Field(description="A string or text parts (joined)")
 
 
+class ReasoningOptions(BaseModel):
+    model_config = _FORBID
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: None = Field(default=None, description="Not supported: only null")
+
+
 class StreamOptions(BaseModel):
     """``stream_options``: only with ``stream: true``."""
 
@@ -321,6 +327,14 @@ ChatCompletionRequestModel = _request_model(
             "token by token; a completed output (finish_reason stop) always parses and "
             "validates; finish_reason length may be partial")),
         "grammar": (str | None, Field(default=None, min_length=1, description=_GRAMMAR_DOC)),
+        "chat_template_kwargs": (dict[str, str | int | float | bool | None] | None, Field(
+            default=None, description="vLLM extension: more chat-template variables (at most "
+            "32 scalar values; enable_thinking may be true here, unlike a decision)")),
+        "reasoning_effort": (Literal["none", "minimal", "low", "medium", "high"] | None, Field(
+            default=None, description="On a template with a thinking switch (Qwen3's "
+            "enable_thinking): none/minimal turn thinking off, low/medium/high on; the think "
+            "block comes back as message.reasoning_content. A model without a switch "
+            "accepts only none")),
         "tools": (list[ChatTool] | None, Field(default=None, max_length=128,
                                                 description=_TOOLS_DOC)),
         "tool_choice": (Literal["auto", "none", "required"] | ChatNamedChoice | None,
@@ -385,6 +399,10 @@ ResponseRequestModel = _request_model(
             default=None, min_length=1, description="Continue a stored response (same model)")),
         "text": (ResponseText | None, Field(default=None, description="text.format: "
                                             "structured output (json_object, json_schema)")),
+        "grammar": (str | None, Field(default=None, min_length=1, description=_GRAMMAR_DOC)),
+        "reasoning": (ReasoningOptions | None, Field(
+            default=None, description="reasoning.effort on the template's thinking switch "
+            "(as reasoning_effort on chat); the think block is a reasoning output item")),
         "tools": (list[ResponsesTool] | None, Field(default=None, max_length=128,
                                                      description=_TOOLS_DOC)),
         "tool_choice": (Literal["auto", "none", "required"] | ResponsesNamedChoice | None,
@@ -459,6 +477,8 @@ class ChatAssistantMessage(BaseModel):
     content: str | None = Field(description="null when the reply is only tool calls")
     refusal: None = None
     tool_calls: list[ChatToolCall] | None = None
+    reasoning_content: str | None = Field(default=None, description="A reasoning model's "
+                                          "think block (absent when it wrote none)")
 
 
 class ChatChoice(BaseModel):
@@ -476,12 +496,18 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(description="Prompt tokens read from the prefix cache")
 
 
+class CompletionTokensDetails(BaseModel):
+    model_config = _FORBID
+    reasoning_tokens: int = Field(description="Completion tokens inside the think block")
+
+
 class ChatUsage(BaseModel):
     model_config = _FORBID
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
 
 
 class ChatCompletionResponseModel(BaseModel):
@@ -553,6 +579,21 @@ class ResponseFunctionCall(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+class ReasoningText(BaseModel):
+    model_config = _FORBID
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ResponseReasoningItem(BaseModel):
+    model_config = _FORBID
+    id: str
+    type: Literal["reasoning"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    summary: list[Any]
+    content: list[ReasoningText]
+
+
 class ResponseInputTokensDetails(BaseModel):
     model_config = _FORBID
     cached_tokens: int
@@ -588,7 +629,7 @@ class ResponseObjectModel(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
     completed_at: int | None
     model: str
-    output: list[ResponseOutputMessage | ResponseFunctionCall]
+    output: list[ResponseReasoningItem | ResponseOutputMessage | ResponseFunctionCall]
     error: None = None
     incomplete_details: ResponseIncompleteDetails | None
     instructions: str | None
@@ -603,7 +644,7 @@ class ResponseObjectModel(BaseModel):
     store: bool
     text: dict[str, Any]
     truncation: Literal["disabled"]
-    reasoning: None = None
+    reasoning: ReasoningOptions | None = None
     background: bool
     user: str | None
     usage: ResponseUsage | None

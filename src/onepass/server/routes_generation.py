@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from onepass.contract import ContractError
+from onepass.generate import reasoning as R
 from onepass.generate import tools as T
 from onepass.generate.chat import starts_with_bos
 from onepass.generate.grammar import GrammarError, GrammarSpec
@@ -273,27 +274,53 @@ def _tool_grammar(spec: GrammarSpec | None, tools: T.ToolSpec | None) -> Grammar
     return spec
 
 
+def template_kwargs(gen: Any, kwargs: Sequence[tuple[str, Any]], effort: str | None,
+                    effort_field: str) -> dict[str, Any]:
+    """A generation request's template variables (its ``chat_template_kwargs`` and reasoning
+    effort on the template's thinking switch; see :func:`R.generation_kwargs`)."""
+    backend = gen.backend
+    template = getattr(backend, "chat_template", None)
+    accepts = bool(template) and bool(getattr(backend, "chat_template_kwargs", False))
+    return R.generation_kwargs(template, kwargs, effort, effort_field, accepts_kwargs=accepts)
+
+
+def thinks(gen: Any, prompt: list[int], kwargs: dict[str, Any]) -> bool:
+    """Whether the reply starts inside a think block (:func:`R.thinking_prompt`): the last
+    few prompt tokens say whether the template opened one itself."""
+    return R.thinking_prompt(kwargs, gen.backend.decode(prompt[-8:]))
+
+
 def tool_prompt(gen: Any, messages: list[dict[str, Any]], tools: T.ToolSpec | None,
-                field: str) -> tuple[list[int], str]:
+                field: str, kwargs: dict[str, Any] | None = None) -> tuple[list[int], str]:
     """Prompt ids and the call format to parse. A conversation without tools renders as
     before; with tools (or earlier calls), a template that declares tools gets them natively,
-    any other the portable instruction (see :mod:`onepass.generate.tools`)."""
+    any other the portable instruction (see :mod:`onepass.generate.tools`). ``kwargs``: more
+    template variables."""
     backend = gen.backend
+    kwargs = kwargs or {}
     uses = tools is not None or any(m.get("tool_calls") or m["role"] == "tool"
                                     for m in messages)
     if not uses:
-        return gen.chat_prompt(messages, field), "hermes"
+        return gen.chat_prompt(messages, field, kwargs), "hermes"
     template = getattr(backend, "chat_template", None)
     if T.template_declares_tools(template) and hasattr(backend, "render_chat_tools"):
         listed = [f.chat_tool() for f in tools.functions] if tools is not None else None
         try:
-            text = backend.render_chat_tools(T.native_messages(messages), listed)
+            text = backend.render_chat_tools(T.native_messages(messages), listed, **kwargs)
         except Exception as exc:  # the template's own refusal
             raise ContractError(field, f"the model's chat template refused these messages: "
                                 f"{exc}") from None
         return gen.encode_prompt(text, field, bos=not starts_with_bos(backend, text)), \
             T.native_format(template)
-    return gen.chat_prompt(T.portable_messages(messages, tools), field), "hermes"
+    return gen.chat_prompt(T.portable_messages(messages, tools), field, kwargs), "hermes"
+
+
+def split_choice(gen: Any, choice: W.Choice, finish: Finish, thinking: bool) -> int:
+    """Move a finished choice's think block into ``choice.reasoning``; its token count."""
+    choice.reasoning, choice.text = R.split_reasoning(choice.text, thinking)
+    if choice.reasoning is None:
+        return 0
+    return R.reasoning_token_count(finish.token_ids, gen.backend.decode, thinking)
 
 
 def settle_tools(choice: W.Choice, tools: T.ToolSpec | None, fmt: str) -> None:
@@ -448,16 +475,23 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
         gen = engine.generator
-        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, req.messages, tools, "messages")
+        kwargs = template_kwargs(gen, req.template_kwargs, req.reasoning_effort,
+                                 "reasoning_effort")
+        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, req.messages, tools, "messages",
+                                              kwargs)
+        thinking = await asyncio.to_thread(thinks, gen, prompt, kwargs)
         limit = gen.output_limit(len(prompt), req.max_tokens, field=req.max_tokens_field,
                                  prompt_field="messages")
         running = start(gen, prompt, req.params, limit, req.n, grammar)
         cid, created = W.new_id("chatcmpl", "-"), int(time.time())
         if not req.stream:
             choices, finishes = await collect(request, running)
-            for choice in choices:  # validating a call is CPU work: off the event loop
+            reasoning_tokens = 0
+            for choice, finish in zip(choices, finishes):  # CPU work: off the event loop
+                reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice, finish,
+                                                            thinking)
                 await asyncio.to_thread(settle_tools, choice, tools, fmt)
-            usage = W.Usage.of(finishes)
+            usage = W.Usage.of(finishes, reasoning_tokens)
             _usage_log(request, model, usage, rt.metrics)
             return StrictJSONResponse(
                 W.chat_completion(cid, created, model, choices, usage, req.logprobs))
@@ -465,6 +499,21 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         async def events() -> AsyncIterator[bytes]:
             finishes: list[Finish] = []
             held = [W.Choice() for _ in range(req.n)]  # with tools: the whole reply first
+            splitters = [R.ReasoningSplitter(thinking) for _ in range(req.n)]
+            pending: list[list[Any]] = [[] for _ in range(req.n)]  # logprobs not yet sent
+            reasoning_tokens = 0
+
+            def pieces(i: int, parts: list[tuple[str, str]]) -> list[bytes]:
+                frames = []
+                for kind, text in parts:
+                    tokens, pending[i] = pending[i], []
+                    frames.append(W.sse(W.chat_chunk(
+                        cid, created, model, i,
+                        tokens=tokens if req.logprobs else None,
+                        **({"reasoning_content": text} if kind == "reasoning"
+                           else {"content": text}))))
+                return frames
+
             try:
                 for i in range(req.n):
                     yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
@@ -474,18 +523,33 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                         held[i].tokens.extend(event.tokens)
                         continue
                     if isinstance(event, Delta):
-                        yield W.sse(W.chat_chunk(
-                            cid, created, model, i, content=event.text,
-                            tokens=event.tokens if req.logprobs else None))
+                        pending[i].extend(event.tokens)
+                        for frame in pieces(i, splitters[i].feed(event.text)):
+                            yield frame
                         continue
                     error = _failure(event)
                     if error is not None:
                         raise error
                     finishes.append(event)
                     reason = event.reason
+                    if tools is None:
+                        for frame in pieces(i, splitters[i].flush()):
+                            yield frame
+                        if pending[i] and req.logprobs:  # held-back text's tokens
+                            yield W.sse(W.chat_chunk(cid, created, model, i, content="",
+                                                     tokens=pending[i]))
+                        if splitters[i].reasoned:
+                            reasoning_tokens += await asyncio.to_thread(
+                                R.reasoning_token_count, event.token_ids, gen.backend.decode,
+                                thinking)
                     if tools is not None:
                         choice = held[i]
                         choice.finish_reason = reason
+                        reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice,
+                                                                    event, thinking)
+                        if choice.reasoning:
+                            yield W.sse(W.chat_chunk(cid, created, model, i,
+                                                     reasoning_content=choice.reasoning))
                         await asyncio.to_thread(settle_tools, choice, tools, fmt)
                         reason = choice.finish_reason
                         if choice.text:
@@ -495,7 +559,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                         for delta in W.tool_call_deltas(choice.tool_calls):
                             yield W.sse(W.chat_chunk(cid, created, model, i, tool_calls=delta))
                     yield W.sse(W.chat_chunk(cid, created, model, i, finish_reason=reason))
-                usage = W.Usage.of(finishes)
+                usage = W.Usage.of(finishes, reasoning_tokens)
                 _usage_log(request, model, usage, rt.metrics)
                 if req.include_usage:
                     yield W.sse(W.usage_chunk(cid, created, model, usage))
@@ -660,22 +724,29 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         messages = ([{"role": "system", "content": req.instructions}] if req.instructions
                     else []) + conversation
         gen = engine.generator
-        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, messages, tools, "input")
+        kwargs = template_kwargs(gen, (), req.reasoning_effort, "reasoning.effort")
+        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, messages, tools, "input", kwargs)
+        thinking = await asyncio.to_thread(thinks, gen, prompt, kwargs)
         limit = gen.output_limit(len(prompt), req.max_output_tokens, field="max_output_tokens",
                                  prompt_field="input")
         running = start(gen, prompt, req.params, limit, grammar=grammar)
         rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
+        reasoning_id = W.new_id("rs")
 
         async def finished(text: str, finish: Finish) -> dict[str, Any]:
             choice = W.Choice(text=text, finish_reason=finish.reason)
+            reasoning_tokens = await asyncio.to_thread(split_choice, gen, choice, finish,
+                                                       thinking)
             await asyncio.to_thread(settle_tools, choice, tools, fmt)  # off the event loop
             text = choice.text
-            usage = W.Usage.of([finish])
+            usage = W.Usage.of([finish], reasoning_tokens)
             _usage_log(request, model, usage, rt.metrics)
             status = W.response_status(finish.reason)
             output = [W.function_call_item(c) for c in choice.tool_calls]
             if text or not output:
                 output.insert(0, W.output_message(item_id, text, status))
+            if choice.reasoning is not None:
+                output.insert(0, W.reasoning_item(reasoning_id, choice.reasoning))
             body = W.response_object(rid, created, model, req, status=status, limit=limit,
                                      output=output, usage=usage)
             if req.store:
@@ -722,28 +793,78 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                                 yield event(kind, **data)
                         yield event(f"response.{body['status']}", response=body)
                     return
-                place = {"item_id": item_id, "output_index": 0}
-                yield event("response.output_item.added", output_index=0,
-                            item=W.output_message(item_id, "", "in_progress"))
-                yield event("response.content_part.added", **place, content_index=0,
-                            part=W.output_text(""))
+                splitter = R.ReasoningSplitter(thinking)
+                content = reasoning = ""
+                opened: list[str] = []  # "reasoning", "message": items added, in order
+                think = {"item_id": reasoning_id, "output_index": 0, "content_index": 0}
+
+                def close_reasoning() -> list[bytes]:
+                    item = W.reasoning_item(reasoning_id, reasoning)
+                    return [event("response.reasoning_text.done", **think, text=reasoning),
+                            event("response.output_item.done", output_index=0, item=item)]
+
+                def open_message() -> list[bytes]:
+                    frames = close_reasoning() if opened == ["reasoning"] else []
+                    opened.append("message")
+                    index = opened.index("message")
+                    return frames + [
+                        event("response.output_item.added", output_index=index,
+                              item=W.output_message(item_id, "", "in_progress")),
+                        event("response.content_part.added", item_id=item_id,
+                              output_index=index, content_index=0, part=W.output_text(""))]
+
+                def emit(parts: list[tuple[str, str]]) -> list[bytes]:
+                    nonlocal content, reasoning
+                    frames: list[bytes] = []
+                    for kind, piece in parts:
+                        if kind == "reasoning" and "message" not in opened:
+                            if not opened:
+                                opened.append("reasoning")
+                                frames.append(event(
+                                    "response.output_item.added", output_index=0,
+                                    item={**W.reasoning_item(reasoning_id, "", "in_progress"),
+                                          "content": []}))
+                            reasoning += piece
+                            frames.append(event("response.reasoning_text.delta", **think,
+                                                delta=piece))
+                            continue
+                        if "message" not in opened:
+                            frames += open_message()
+                        content += piece
+                        frames.append(event("response.output_text.delta", item_id=item_id,
+                                            output_index=opened.index("message"),
+                                            content_index=0, delta=piece, logprobs=[]))
+                    return frames
+
                 async for _, ev in merge(running):
                     if isinstance(ev, Delta):
                         if ev.text:
                             text += ev.text
-                            yield event("response.output_text.delta", **place, content_index=0,
-                                        delta=ev.text, logprobs=[])
+                            for frame in emit(splitter.feed(ev.text)):
+                                yield frame
                         continue
                     error = _failure(ev)
                     if error is not None:
                         raise error
+                    for frame in emit(splitter.flush()):
+                        yield frame
+                    if splitter.reasoned and not opened:  # an empty think block
+                        opened.append("reasoning")
+                        yield event("response.output_item.added", output_index=0,
+                                    item={**W.reasoning_item(reasoning_id, "", "in_progress"),
+                                          "content": []})
+                    if "message" not in opened:
+                        for frame in open_message():
+                            yield frame
                     body = await finished(text, ev)
+                    index = opened.index("message")
+                    place = {"item_id": item_id, "output_index": index}
                     yield event("response.output_text.done", **place, content_index=0,
-                                text=text, logprobs=[])
+                                text=content, logprobs=[])
                     yield event("response.content_part.done", **place, content_index=0,
-                                part=W.output_text(text))
-                    yield event("response.output_item.done", output_index=0,
-                                item=body["output"][0])
+                                part=W.output_text(content))
+                    yield event("response.output_item.done", output_index=index,
+                                item=body["output"][index])
                     yield event(f"response.{body['status']}", response=body)
             except Exception as exc:
                 error = exc if isinstance(exc, ApiError) else ApiError.of(
