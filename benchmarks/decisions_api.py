@@ -3,15 +3,16 @@ the route costs.
 
     python benchmarks/decisions_api.py [--rounds 5] [--url http://127.0.0.1:8000]
 
-Starts one `onepass serve` (the embedded model; or use ``--url``), turns each of the 36
-hand-written mixed noul/choice/score probes into both bodies (a noul is a predicate, a choice's
-criteria are its choices, a score's criteria its levels), and asks each on both routes: once
-to warm the prefix cache, then ``--rounds`` times alternating which route goes first. It prints
-the largest difference between the two routes' probabilities (they render one prompt, so it
-must be 0 up to float formatting) and the latency ratio Decisions / System One (median over
-requests of the per-request medians), for a user's raw HTTP and for the official `openai` SDK's
-``client.decisions.create``. A benchmark prints ratios from one run; it asserts nothing
-(tests/test_decisions_openai_e2e.py does).
+Starts one `onepass serve` (the embedded model; or use ``--url``), turns each of the 35
+hand-written mixed noul/choice/score probes that have a twin into both bodies (a noul is a
+predicate, a choice's criteria are its choices, a score's criteria its levels; a predicate has
+no yes/no criteria, so the one noul that describes its answers is left out), and asks each on
+both routes: once to warm the prefix cache, then ``--rounds`` times alternating which route
+goes first. It prints the largest difference between the two routes' probabilities (they
+render one prompt, so it must be 0 up to float formatting) and the latency ratio Decisions /
+System One (median over requests of the per-request medians), for a user's raw HTTP and for
+the official `openai` SDK's ``client.decisions.create``. A benchmark prints ratios from one
+run; it asserts nothing (tests/test_decisions_openai_e2e.py does).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def distributions(system_one: dict, decisions: dict, options: list) -> tuple[lis
         if not names:
             a.append([ref["noul"]])
             b.append([answer["probability"]])
-        else:
-            a.append([ref["probabilities"][n] for n in names])
+        else:  # a score's System One probabilities are keyed by level index
+            keys = names if ref["type"] == "choice" else [str(i) for i in range(len(names))]
+            a.append([ref["probabilities"][k] for k in keys])
             b.append([p["probability"] for p in answer["probabilities"]])
     return a, b
 
@@ -95,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         sdk = openai.OpenAI(base_url=url + "/v1", api_key="local", max_retries=0, timeout=300)
         model = http.get("/v1/models").json()["data"][0]["id"]
         probes = [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
+        # a predicate has no yes/no criteria: a noul that describes its answers has no twin
+        probes = [pr for pr in probes if not any(q["type"] == "noul" and q.get("criteria")
+                                                 for q in pr["questions"].values())]
         bodies = [both_bodies(pr, model) for pr in probes]
 
         def system_one(body: dict) -> dict:
