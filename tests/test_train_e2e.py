@@ -13,6 +13,26 @@ from train_support import REQUEST, ROOT, post_decision, serving, write_dataset
 pytest.importorskip("fastapi")
 pytestmark = pytest.mark.slow
 
+# the tiny geometry both tests train (typed-lm's [model] table)
+GEOMETRY = """
+hidden_size = 64
+intermediate_size = 128
+num_attention_heads = 4
+num_key_value_heads = 2
+max_position_embeddings = 1024
+"""
+
+
+def train(config, *flags: str) -> None:
+    """`onepass train --configuration-file config` in its own process, one thread."""
+    done = subprocess.run(
+        [sys.executable, "-m", "onepass.cli", "train", "--configuration-file", str(config),
+         *flags],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
 
 def test_from_scratch_train_then_serve_answers(tmp_path):
     dataset = write_dataset(tmp_path / "train.jsonl")
@@ -28,23 +48,11 @@ output_directory = "{tmp_path / 'scratch'}"
 
 [model]
 architecture = "qwen3"
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 2
-max_position_embeddings = 1024
-
+num_hidden_layers = 2{GEOMETRY}
 [dataset]
 path = "{dataset}"
 """)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "onepass.cli", "train", "--configuration-file", str(config),
-         "--num-hidden-layers", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    train(config, "--num-hidden-layers", "1")
     out = tmp_path / "scratch"
     assert (out / "model.safetensors").is_file()
     import json
@@ -80,22 +88,11 @@ quantization_mode = "post-training"
 
 [model]
 architecture = "llama"
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 1
-num_attention_heads = 4
-num_key_value_heads = 2
-max_position_embeddings = 1024
-
+num_hidden_layers = 1{GEOMETRY}
 [dataset]
 path = "{dataset}"
 """)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "onepass.cli", "train", "--configuration-file", str(config)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    train(config)
     import json
 
     quantized = tmp_path / "scratch" / "quantized"
