@@ -65,7 +65,7 @@ def test_a_served_front_end_reads_the_key_from_the_environment(worker, tmp_path)
 
 
 def test_the_models_config_key_is_read_and_never_shown(tmp_path):
-    from onepass.server.models import ModelSpec, load_models_config
+    from onepass.server.served_models import ModelSpec, load_models_config
 
     config = tmp_path / "models.json"
     config.write_text(json.dumps([{"model": "smollm2-135m-instruct", "backend": "remote",

@@ -157,7 +157,7 @@ def test_embeddings_through_the_sdk(server):
     assert len(short.data[0].embedding) == 64 or isinstance(short.data[0].embedding, str)
     with httpx.Client(base_url=server, timeout=60) as http:
         r = http.post("/v1/embeddings", json={"model": "small", "input": "word " * 10000})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "input[0]"
+        assert r.status_code == 413 and r.json()["error"]["param"] == "input[0]"
         r = http.post("/v1/embeddings", json={"model": "small", "input": "x",
                                               "dimensions": 100000})
         assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
@@ -216,10 +216,10 @@ def test_sentence_encoder_wire_options_and_refusals(server):
         assert embed(input=[[2023, 2003]], model_token_ids=True)["data"][0]["embedding"] == \
             pytest.approx(
             embed(input="this is")["data"][0]["embedding"], abs=1e-6)
-        # over the checkpoint's 256-token limit: a 400 naming the input, never truncated
+        # over the checkpoint's 256-token limit: a 413 naming the input, never truncated
         r = http.post("/v1/embeddings", json={"model": "minilm",
                                               "input": ["fine", "word " * 300]})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "input[1]"
+        assert r.status_code == 413 and r.json()["error"]["param"] == "input[1]"
         assert "limit of 256" in r.json()["error"]["message"]
         r = http.post("/v1/embeddings", json={"model": "minilm", "input": "x",
                                               "dimensions": 385})

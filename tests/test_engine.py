@@ -332,3 +332,24 @@ def test_decisions_in_shared_steps_attend_per_suffix_and_read_the_naive_numbers(
     assert sum(len(s.items) for s in segmented) >= len(crowd)  # the prefix, a row per suffix
     monkeypatch.setattr(engine, "scorer", None)
     assert_same(fast["answers"], engine.answer(request, naive=True)["answers"], tolerance(engine))
+
+
+def test_engine_config_holds_every_from_pretrained_option_and_passes_each_through(monkeypatch):
+    """One value for the loading options: a keyword added to from_pretrained without a field
+    here (or the reverse) fails, and from_config hands every field over unchanged."""
+    import dataclasses
+    import inspect
+
+    from onepass.engine import DecisionEngine, EngineConfig
+
+    keywords = set(inspect.signature(DecisionEngine.from_pretrained).parameters) - {"model"}
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert keywords == names
+    seen = {}
+    monkeypatch.setattr(DecisionEngine, "from_pretrained",
+                        classmethod(lambda cls, model, **kw: seen.update(model=model, **kw)))
+    config = EngineConfig(device="cpu", max_input_tokens=99, backend="remote", engine="vllm",
+                          engine_url="http://127.0.0.1:1", engine_api_key="secret", n_ctx=512)
+    DecisionEngine.from_config("m", config)
+    assert seen == {"model": "m", **{n: getattr(config, n) for n in names}}
+    assert "secret" not in repr(config)

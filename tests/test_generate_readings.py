@@ -232,10 +232,10 @@ def test_readings_are_bounded_per_request_naming_the_field(small_engine):
         assert over.status_code == 413, over.text
         error = over.json()["error"]
         assert error["param"] == "input" and error["code"] == "max_tokens_exceeded"
-        assert "limit of 600 per request" in error["message"]
+        assert "over the limit of 600 (max_input_tokens)" in error["message"]
         assert small_engine.generator.scheduler.tokens == before
         alone = client.post("/v1/embeddings", json={"input": ["x", "word " * 700]})
-        assert alone.status_code == 400 and alone.json()["error"]["param"] == "input[1]"
+        assert alone.status_code == 413 and alone.json()["error"]["param"] == "input[1]"
         many = client.post("/v1/embeddings", json={"input": ["x"] * 129})
         assert many.status_code == 400 and many.json()["error"]["param"] == "input"
         scoring = client.post("/v1/completions", json={

@@ -14,8 +14,9 @@ import onepass
 PACKAGE = Path(onepass.__file__).parent
 
 # modules whose import must not load torch (every module of server/ is added below)
-PURE = ["onepass.contract", "onepass.prompt", "onepass.readout", "onepass.cache", "onepass.schema",
-        "onepass.calibration", "onepass.engine", "onepass.generate.params",
+PURE = ["onepass.contract", "onepass.limits", "onepass.prompt", "onepass.readout",
+        "onepass.cache", "onepass.schema", "onepass.calibration", "onepass.engine",
+        "onepass.generate.params",
         "onepass.generate.chat", "onepass.generate.streams", "onepass.generate.grammar",
         "onepass.generate.tools", "onepass.generate.text"]
 

@@ -358,7 +358,7 @@ def _occupy_worker(app):
         started.set()
         gate.wait(20)
 
-    app.state.runtime.scheduler.submit(hold)
+    app.state.runtime.queue.submit(hold)
     assert started.wait(10)
     return gate
 
@@ -413,7 +413,7 @@ def test_disconnected_client_costs_no_compute(engine):
     assert sent == []  # nothing to send to a client that is gone
     assert engine.stats.requests == before  # the engine never saw it
     rt = app.state.runtime
-    assert rt.scheduler.depth == 0
+    assert rt.queue.depth == 0
     assert rt.metrics.shed.labels("disconnected")._value.get() == 1
 
 
@@ -575,7 +575,7 @@ def test_request_cut_by_the_drain_deadline_gets_503_and_is_counted(engine, caplo
             sent.append(message)
 
         task = asyncio.ensure_future(app(asgi_scope(), receive, send))
-        while rt.scheduler.depth == 0:  # queued behind the busy worker
+        while rt.queue.depth == 0:  # queued behind the busy worker
             await asyncio.sleep(0.01)
         task.cancel()  # what uvicorn does when the drain deadline passes
         await asyncio.gather(task, return_exceptions=True)
@@ -586,7 +586,7 @@ def test_request_cut_by_the_drain_deadline_gets_503_and_is_counted(engine, caplo
         gate.set()
     assert sent[0]["status"] == 503
     assert b"shut down before this request was answered" in sent[1]["body"]
-    assert rt.abandoned == 1 and rt.scheduler.depth == 0  # dropped from the queue too
+    assert rt.abandoned == 1 and rt.queue.depth == 0  # dropped from the queue too
     with caplog.at_level(logging.INFO, logger="onepass.server"):
         rt.shutdown()
     (done,) = [r for r in caplog.records if r.getMessage() == "shutdown complete"]
@@ -625,7 +625,7 @@ def test_decisions_are_validated_and_compiled_before_they_are_queued(engine):
             steps = c.post("/v1/decisions/schema", json={**DECISIONS, "schema": {"properties": {
                 "n": {"type": "number", "minimum": 0, "maximum": 1e300,
                       "multipleOf": 1e-300}}}})
-            depth = app.state.runtime.scheduler.depth
+            depth = app.state.runtime.queue.depth
         finally:
             gate.set()
     assert depth == 0

@@ -13,7 +13,7 @@ import json
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from onepass.contract import (
     resolves_to,
 )
 from onepass.generate.reasoning import decision_kwargs
+from onepass.limits import too_long
 from onepass.readout import (
     argmax_first,
     choice_confidence,
@@ -75,6 +76,30 @@ class Scored:
     def input_tokens(self) -> int:
         """Prompt tokens of the call: the shared prefix once, then every suffix."""
         return len(self.prefix) + sum(len(s) for s in self.suffixes)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every :meth:`DecisionEngine.from_pretrained` option as one value: a command builds it
+    once from its flags (:func:`onepass.commands.common.engine_config`), and ``serve`` only
+    replaces what one resident model sets differently."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    context_path: str | Path | None = None
+    adapter: str | Path | None = None
+    session_cache_entries: int = 16
+    session_cache_tokens: int = 32768
+    max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS
+    temperature: float = 1.0
+    served_name: str | None = None
+    backend: str = "torch"
+    engine: str | None = None
+    engine_url: str | None = None
+    engine_api_key: str | None = field(default=None, repr=False)  # never in a log line
+    n_ctx: int | None = None
+    n_threads: int | None = None
+    compute: str | None = None
 
 
 @dataclass
@@ -240,6 +265,12 @@ class DecisionEngine:
             engine.calibration = Calibration.bundled(own, engine.identity())
         return engine
 
+    @classmethod
+    def from_config(cls, model: str | None, config: EngineConfig) -> DecisionEngine:
+        """:meth:`from_pretrained` with its options given as one :class:`EngineConfig`."""
+        return cls.from_pretrained(model, **{f.name: getattr(config, f.name)
+                                             for f in fields(config)})
+
     def _pin_system(self) -> None:
         """Prefill the system part (instructions + context) once, at start-up."""
         pin = getattr(self.backend, "pin", None)
@@ -352,7 +383,7 @@ class DecisionEngine:
         fewest = fewest_tokens(self.backend, prefix_text + tail)  # over: refused unencoded
         if fewest > self.max_input_tokens:
             when = " before any answer is written back" if joined else ""
-            raise self._too_long(f"at least {fewest}", limit_field, when)
+            raise too_long(limit_field, f"at least {fewest}", self.max_input_tokens, when=when)
         sizes = [len(self.backend.encode(s, bos=False)) for s in suffixes]
         longest = max(range(len(sizes)), key=sizes.__getitem__)
         added = sum(sizes) if joined else sizes[longest]
@@ -362,15 +393,7 @@ class DecisionEngine:
         n = len(self.backend.encode(prefix_text + tail))
         if n > self.max_input_tokens:
             when = " before any answer is written back" if joined else ""
-            raise self._too_long(n, limit_field, when)
-
-    def _too_long(self, n: int | str, limit_field: str, when: str = "") -> ContractError:
-        return ContractError(
-            limit_field,
-            f"the prompt has {n} tokens{when}, over the limit of {self.max_input_tokens} "
-            "(max_input_tokens); nothing is truncated: shorten the input or raise the limit",
-            kind="max_tokens_exceeded",
-        )
+            raise too_long(limit_field, n, self.max_input_tokens, when=when)
 
     def tokenize(
         self, prefix_text: str, suffixes: Sequence[str]
@@ -409,7 +432,7 @@ class DecisionEngine:
         prefix, suffixes = self.tokenize(prefix_text, [p.suffix for p in positions])
         longest = len(prefix) + max((len(s) for s in suffixes), default=0)
         if longest > self.max_input_tokens:
-            raise self._too_long(longest, limit_field)
+            raise too_long(limit_field, longest, self.max_input_tokens)
         candidates = [[lb.token_id for lb in p.labels] for p in positions]
         if vocab:
             candidates = [[*c, VOCAB_LOGSUMEXP, VOCAB_MAX] for c in candidates]

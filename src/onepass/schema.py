@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from onepass import prompt as P
 from onepass.contract import DEFAULT_MODEL_ALIAS, ContractError, finite_float
+from onepass.limits import too_long, too_many, too_much_output
 from onepass.readout import argmax_first, restricted_softmax
 
 if TYPE_CHECKING:
@@ -1048,12 +1049,8 @@ def _score_prompt(
 
 def _check_length(engine: DecisionEngine, n: int) -> None:
     if n > engine.max_input_tokens:
-        raise ContractError(
-            "context",
-            f"the prompt has {n} tokens, over the limit of {engine.max_input_tokens} "
-            "(max_input_tokens); nothing is truncated: shorten the context or the schema",
-            kind="max_tokens_exceeded",
-        )
+        raise too_long("context", n, engine.max_input_tokens,
+                       advice="shorten the context or the schema")
 
 
 class _Run:
@@ -1282,12 +1279,8 @@ def plan_decisions(
         raise ContractError("max_open_tokens", f"expected an integer from 1 to {MAX_OPEN_TOKENS}")
     compiled = compile_schema(schema)
     if len(compiled.fields) > max_fields:
-        raise ContractError(
-            "schema",
-            f"{len(compiled.fields)} fields is over the limit of {max_fields} per request "
-            "(max_questions); split the schema",
-            kind="too_many_questions",
-        )
+        raise too_many("schema", len(compiled.fields), "fields", max_fields, "max_questions",
+                       advice="split the schema")
     open_fields = [f for f in compiled.fields if f.open]
     backend = engine.backend
     if open_fields and not getattr(backend, "generates_text", hasattr(backend, "generate")):
@@ -1296,13 +1289,10 @@ def plan_decisions(
                             "(--backend torch or llamacpp generate)", kind="unsupported")
     generated = sum(f.generation_bound(max_open_tokens) for f in open_fields)
     if generated > MAX_GENERATED_TOKENS:
-        raise ContractError(
-            "max_open_tokens",
-            f"{len(open_fields)} open fields may generate {generated} tokens, over the limit of "
-            f"{MAX_GENERATED_TOKENS} per request: lower max_open_tokens, set maxLength on the "
-            "open fields, or split the schema",
-            kind="max_tokens_exceeded",
-        )
+        raise too_much_output(
+            "max_open_tokens", f"{len(open_fields)} open fields", generated,
+            MAX_GENERATED_TOKENS,
+            "lower max_open_tokens, set maxLength on the open fields, or split the schema")
     grammars = compile_constraints(engine, open_fields)
     return DecisionPlan(context, compiled, mode, temperature, sample, seed, max_open_tokens,
                         time_limit, grammars)

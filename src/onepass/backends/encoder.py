@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from onepass.limits import ENCODER_LIMIT, too_long
+
 BATCH_TOKENS = 8192  # padded tokens per forward: bounds memory whatever the batch
 
 
@@ -25,8 +27,8 @@ class InputTooLong(ValueError):
     """An input over the encoder's sequence limit; ``index`` is its place in the batch."""
 
     def __init__(self, index: int, tokens: int, limit: int):
-        super().__init__(f"{tokens} tokens, over the embedding model's limit of {limit}; "
-                         "nothing is truncated")
+        super().__init__(too_long(f"input[{index}]", tokens, limit, ENCODER_LIMIT,
+                                  what=f"input[{index}]", advice="shorten the input").message)
         self.index, self.tokens, self.limit = index, tokens, limit
 
 

@@ -14,10 +14,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from onepass.contract import DEBIAS_MODES
-from onepass.server.models import BACKENDS, ENGINES
+from onepass.server.served_models import BACKENDS, ENGINES
+
+if TYPE_CHECKING:
+    from onepass.engine import EngineConfig
 
 ENV_PREFIX = "ONEPASS_"
 _ENV_ATTR = "onepass_env_var"  # set on an argparse action that reads the environment
@@ -287,12 +290,12 @@ def apply_weights_file(args: argparse.Namespace) -> None:
     args.weights_file = None
 
 
-def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
-    from onepass.engine import DecisionEngine
+def engine_config(args: argparse.Namespace, *, readout: bool = True) -> EngineConfig:
+    """The engine options the model flags give (``readout``: the command reads answers, so
+    ``--temperature`` applies)."""
+    from onepass.engine import EngineConfig
 
-    apply_weights_file(args)
-    engine = DecisionEngine.from_pretrained(
-        args.model,
+    return EngineConfig(
         device=args.device,
         dtype=args.dtype,
         context_path=args.context_path,
@@ -301,8 +304,15 @@ def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
         session_cache_tokens=args.session_cache_tokens,
         max_input_tokens=args.max_input_tokens,
         temperature=args.temperature if readout else 1.0,
-        served_name=args.served_model_name,
+        served_name=getattr(args, "served_model_name", None),
         compute=getattr(args, "compute", None),
         **backend_options(args),
     )
+
+
+def engine_from_args(args: argparse.Namespace, *, readout: bool = True):
+    from onepass.engine import DecisionEngine
+
+    apply_weights_file(args)
+    engine = DecisionEngine.from_config(args.model, engine_config(args, readout=readout))
     return apply_quality(engine, args) if readout else engine

@@ -19,6 +19,7 @@ import argparse
 import logging
 import os
 import signal
+from dataclasses import replace
 from typing import Any
 
 from onepass.commands.common import (
@@ -30,7 +31,7 @@ from onepass.commands.common import (
     non_negative_int,
     positive_int,
 )
-from onepass.server.models import (
+from onepass.server.served_models import (
     ModelsConfigError,
     ModelSpec,
     load_models_config,
@@ -220,17 +221,17 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
         return EmbeddingEngine.from_pretrained(
             spec.model, served_name=spec.served_model, device=spec.device,
             max_input_tokens=spec.max_input_tokens, max_concurrency=spec.max_concurrency)
-    from onepass.engine import DecisionEngine
+    from onepass.engine import DecisionEngine, EngineConfig
 
-    engine = DecisionEngine.from_pretrained(
-        spec.model, device=spec.device, dtype=spec.dtype, context_path=spec.context_path,
-        adapter=spec.adapter, session_cache_entries=args.session_cache_entries,
-        session_cache_tokens=args.session_cache_tokens,
-        max_input_tokens=spec.max_input_tokens, temperature=args.temperature,
-        served_name=spec.served_model, compute=getattr(args, "compute", None),
-        backend=spec.backend, engine=spec.engine, engine_url=spec.engine_url,
-        engine_api_key=spec.engine_api_key, n_ctx=args.n_ctx, n_threads=args.n_threads,
-    )
+    shared = EngineConfig(  # the flags every resident model shares
+        session_cache_entries=args.session_cache_entries,
+        session_cache_tokens=args.session_cache_tokens, temperature=args.temperature,
+        compute=getattr(args, "compute", None), n_ctx=args.n_ctx, n_threads=args.n_threads)
+    engine = DecisionEngine.from_config(spec.model, replace(
+        shared, device=spec.device, dtype=spec.dtype, context_path=spec.context_path,
+        adapter=spec.adapter, max_input_tokens=spec.max_input_tokens,
+        served_name=spec.served_model, backend=spec.backend, engine=spec.engine,
+        engine_url=spec.engine_url, engine_api_key=spec.engine_api_key))
     apply_quality(engine, args)
     engine.max_concurrency = spec.max_concurrency
     engine.generation_options = {"max_sequences": spec.max_concurrency,
@@ -312,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
     runtime.on_load_failure = load_failed
     server.run()
     code = 1 if runtime.load_error else 0
-    if runtime.scheduler.busy:
+    if runtime.queue.busy:
         # A forward pass abandoned at the drain deadline is still running on a worker thread;
         # interpreter teardown under a running torch op aborts the process, so leave now.
         log.info("exiting with a forward pass still running", extra={"fields": {"code": code}})

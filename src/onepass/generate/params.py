@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onepass.contract import ContractError, _describe
+from onepass.limits import check_vocabulary
 
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256  # bounds the text a StopMatcher holds back and scans per token
@@ -111,12 +112,7 @@ _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
 def check_vocab(params: SamplingParams, vocab_size: int, *, prefix: str = "") -> None:
     """Refuse logit_bias token ids the model does not have (the one check needing the model)."""
-    for token, _ in params.logit_bias:
-        if token >= vocab_size:
-            raise ContractError(
-                prefix + "logit_bias",
-                f"token id {token} is outside the vocabulary (ids 0..{vocab_size - 1})",
-            )
+    check_vocabulary(prefix + "logit_bias", (token for token, _ in params.logit_bias), vocab_size)
 
 
 def _check_float(name: str, value: Any) -> None:

@@ -25,6 +25,7 @@ from onepass.generate.scheduler import (
     GenerationStream,
     TokenInfo,
 )
+from onepass.limits import check_vocabulary, output_room, too_long
 
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
 
@@ -94,16 +95,8 @@ class TextGenerator:
         before it is tokenized, so a 2 MB prompt costs milliseconds, not seconds."""
         fewest = fewest_tokens(self.backend, text)
         if fewest > self.max_input_tokens:
-            raise self._too_long(f"at least {fewest}", field)
+            raise too_long(field, f"at least {fewest}", self.max_input_tokens)
         return self.backend.encode(text, bos=bos)
-
-    def _too_long(self, tokens: int | str, field: str) -> ContractError:
-        return ContractError(
-            field,
-            f"the prompt has {tokens} tokens, over the limit of {self.max_input_tokens} "
-            "(max_input_tokens); nothing is truncated",
-            kind="max_tokens_exceeded",
-        )
 
     def text_prompt(self, prompt: Any, field: str = "prompt") -> list[int]:
         """A completions prompt: a string, or token ids checked against the vocabulary."""
@@ -114,11 +107,7 @@ class TextGenerator:
         if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            vocab = self.backend.vocab_size
-            bad = next((t for t in prompt if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ContractError(field, f"token id {bad} is outside the vocabulary "
-                                    f"(0..{vocab - 1})")
+            check_vocabulary(field, prompt, self.backend.vocab_size)
             return list(prompt)
         raise ContractError(field, "expected a non-empty string or a non-empty array of "
                             "token ids")
@@ -130,23 +119,10 @@ class TextGenerator:
         """The output limit this prompt gets: the requested one if it fits the context, else
         a 400; the model default (capped by the room left) when none was asked for."""
         if prompt_tokens > self.max_input_tokens:
-            raise self._too_long(prompt_tokens, prompt_field)
-        room = self.context_length - prompt_tokens
-        if room < 1:
-            raise ContractError(
-                prompt_field,
-                f"the prompt has {prompt_tokens} tokens and leaves no room for an output "
-                f"token in the {self.context_length}-token context",
-            )
-        if requested is None:
-            return min(self.default_max_output_tokens, room)
-        if requested > room:
-            raise ContractError(
-                field,
-                f"{requested} output tokens do not fit: the prompt has {prompt_tokens} tokens "
-                f"and the context {self.context_length}, so at most {room}",
-            )
-        return requested
+            raise too_long(prompt_field, prompt_tokens, self.max_input_tokens)
+        room = output_room(prompt_tokens, self.context_length, requested, field=field,
+                           prompt_field=prompt_field)
+        return min(self.default_max_output_tokens, room) if requested is None else requested
 
     # ------------------------------------------------------------------ running
 

@@ -317,7 +317,7 @@ class GenerationScheduler:
         )
         task.suffix_tables = [[] for _ in suffixes]
         self._enqueue(self._decisions_waiting, task)
-        from onepass.server.scheduler import wait_for_model  # stdlib only: no server stack
+        from onepass.server.admission import wait_for_model  # stdlib only: no server stack
 
         # within the request's deadline (a server job), withdrawn if the model has not taken it
         logits = wait_for_model(task.future, lambda: self._withdraw(task))
@@ -341,7 +341,7 @@ class GenerationScheduler:
                 stream.cancel()
             return bool(waiting)
 
-        from onepass.server.scheduler import wait_for_model  # stdlib only: no server stack
+        from onepass.server.admission import wait_for_model  # stdlib only: no server stack
 
         return wait_for_model(stream.finished, withdraw)
 

@@ -18,7 +18,7 @@ request writes one structured access-log line.
 
 Modules: ``body`` (bytes → JSON), ``encoding`` (Content-Encoding with caps), ``errors``
 (envelope and status table), ``context`` (request id, access log, 500s), ``runtime`` (engine
-loading, queue, drain), ``scheduler`` (bounded queue + deadline), ``serving`` (the decision
+loading, queue, drain), ``admission`` (bounded queue + deadline), ``serving`` (the decision
 routes' shared path: checks off the loop, queue, usage in logs and metrics), ``metrics``,
 ``settings``.
 """
@@ -45,6 +45,7 @@ from onepass.contract import (
     SystemOneResponseModel,
     parse_request,
 )
+from onepass.limits import too_many
 from onepass.schema import DecisionsRequestModel
 from onepass.server.body import read_json
 from onepass.server.context import (
@@ -235,12 +236,8 @@ def create_app(
             fields["model"] = parsed.model or engine.served_name
             fields["questions"] = len(parsed.questions)
             if len(parsed.questions) > settings.max_questions:
-                raise ApiError.of(
-                    "too_many_questions",
-                    f"questions: {len(parsed.questions)} questions is over the limit of "
-                    f"{settings.max_questions} per request (max_questions); split the request",
-                    field="questions",
-                )
+                raise too_many("questions", len(parsed.questions), "questions",
+                               settings.max_questions, "max_questions")
             engine.check_model(parsed.model)
             engine.check_request(parsed)  # cache_salt, diagnostics, chat_template_kwargs
             return parsed, engine
@@ -298,7 +295,7 @@ def create_app(
             return StrictJSONResponse({
                 "status": "ok", "startup_seconds": rt.startup_seconds,
                 "model": rt.engine.served_name,
-                "queue_depth": rt.scheduler.depth, "in_flight": rt.in_flight,
+                "queue_depth": rt.queue.depth, "in_flight": rt.in_flight,
             })
         if rt.load_error:
             return StrictJSONResponse({"status": "failed", "error": rt.load_error},

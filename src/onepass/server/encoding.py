@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import zstandard
 
+from onepass.limits import body_too_large
 from onepass.server.errors import ApiError
 
 SUPPORTED = ("zstd", "gzip", "deflate", "identity")
@@ -24,11 +25,8 @@ _ZSTD_PIECE = 128  # compressed bytes fed per zstd step: at most 32 blocks (4 Mi
 
 
 def too_large(limit: int, what: str = "request body") -> ApiError:
-    return ApiError.of(
-        "request_too_large",
-        f"the {what} is over the limit of {limit} bytes (max_body_bytes); "
-        "nothing is truncated: send a smaller request or raise the limit",
-    )
+    err = body_too_large(limit, what)
+    return ApiError.of(err.kind, err.message)
 
 
 def parse_content_encoding(header: str | None) -> list[str]:

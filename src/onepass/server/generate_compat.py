@@ -27,6 +27,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from onepass import limits
+from onepass.contract import ContractError
 from onepass.server.body import read_json
 from onepass.server.context import StrictJSONResponse
 from onepass.server.errors import ApiError
@@ -168,13 +170,12 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             vocab = getattr(engine.backend, "vocab_size", None)
             for i, p in enumerate(prompts):
                 if len(p) > engine.max_input_tokens:
-                    raise _bad(f"input_ids[{i}]" if batch else "input_ids", f"{len(p)} tokens, "
-                               f"over max_input_tokens {engine.max_input_tokens}")
-            for field, lists in (("input_ids", prompts), ("token_ids_logprob", candidates)):
-                for ids in lists:
-                    if vocab is not None and max(ids) >= vocab:
-                        raise _bad(field, f"token id {max(ids)} is outside the vocabulary "
-                                   f"({vocab} ids)")
+                    raise limits.too_long(f"input_ids[{i}]" if batch else "input_ids", len(p),
+                                          engine.max_input_tokens)
+            if vocab is not None:
+                for field, lists in (("input_ids", prompts), ("token_ids_logprob", candidates)):
+                    for ids in lists:
+                        limits.check_vocabulary(field, ids, vocab)
             prefix, suffixes = split_prefix(prompts)
             tokens = len(prefix) + sum(len(s) for s in suffixes)
             if tokens > settings.max_generate_tokens:
@@ -184,8 +185,14 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
                                  "(max_generate_tokens); split the batch")
             return body, prompts, candidates, batch, prefix, suffixes
 
+        def checked(body: Any) -> tuple[Any, ...]:
+            try:
+                return check(body)
+            except ContractError as exc:  # a limit (onepass.limits): its own status
+                raise ApiError.of(exc.kind, str(exc), field=exc.field) from None
+
         body, prompts, candidates, batch, prefix, suffixes = await read_json(
-            request, settings, check)
+            request, settings, checked)
 
         def work() -> Any:
             return (engine.scorer or engine.backend.score)(prefix, suffixes, candidates)

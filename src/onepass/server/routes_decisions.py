@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from onepass.contract import ContractError
+from onepass.limits import too_many
 from onepass.schema import (
     DecisionsRequestModel,
     DecisionsResponseModel,
@@ -71,10 +72,7 @@ def _openai_check(rt: Any, raw: Any) -> tuple[D.DecisionsCall, Any]:
     engine.check_model(call.model)
     limit = rt.settings.max_questions
     if len(call.asked) > limit:
-        raise ApiError.of(
-            "too_many_questions",
-            f"questions: {len(call.asked)} questions is over this server's limit of {limit} "
-            "per request (max_questions); split the request", field="questions")
+        raise too_many("questions", len(call.asked), "questions", limit, "max_questions")
     if call.cache_key is not None and not getattr(engine.backend, "cache_namespaces", False):
         raise ContractError("prompt_cache_key", "not supported by this model's backend (its "
                             "prefix cache has no partitions): send the request without it")

@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from onepass import limits
 from onepass.contract import ContractError
 from onepass.generate import reasoning as R
 from onepass.generate import tools as T
@@ -588,7 +589,9 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         gen, backend = engine.generator, engine.backend
         ids = await asyncio.to_thread(gen.text_prompt, req.prompt, "prompt")
         if req.scoring:
-            _check_scoring_prompt(gen, len(ids))
+            # scoring reads the prompt only: it must fit max_input_tokens and the context
+            limits.check_tokens("prompt", len(ids), max_input_tokens=gen.max_input_tokens,
+                                context=gen.backend.context_length)
             limit = 0
         else:
             limit = gen.output_limit(len(ids), req.max_tokens, field="max_tokens",
@@ -678,16 +681,6 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
             yield W.DONE
 
         return EventStream(events(), running)
-
-    def _check_scoring_prompt(gen: Any, n: int) -> None:
-        """Scoring reads the prompt only: it must fit max_input_tokens and the context."""
-        if n > gen.max_input_tokens:
-            raise ContractError(
-                "prompt", f"the prompt has {n} tokens, over the limit of {gen.max_input_tokens} "
-                "(max_input_tokens); nothing is truncated", kind="max_tokens_exceeded")
-        if n > gen.backend.context_length:
-            raise ContractError("prompt", f"the prompt has {n} tokens, over the model's "
-                                f"{gen.backend.context_length}-token context")
 
     # ------------------------------------------------------------------ responses
 
@@ -908,35 +901,32 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         if encoder:
             encoded = []
             for i, item in enumerate(req.inputs):
-                if isinstance(item, list) and max(item) >= backend.vocab_size:
-                    raise ContractError(f"input[{i}]", f"token id {max(item)} is outside the "
-                                        f"model's vocabulary of {backend.vocab_size}")
+                if isinstance(item, list):
+                    limits.check_vocabulary(f"input[{i}]", item, backend.vocab_size)
                 encoded.append(backend.wrap(item) if isinstance(item, list)
                                else await asyncio.to_thread(backend.encode, item))
             for i, ids in enumerate(encoded):  # refused, never truncated
                 if len(ids) > backend.max_tokens:
-                    raise ContractError(f"input[{i}]", f"{len(ids)} tokens, over the embedding "
-                                        f"model's limit of {backend.max_tokens}; nothing is "
-                                        "truncated")
+                    raise limits.too_long(
+                        f"input[{i}]", len(ids), backend.max_tokens,
+                        limits.ENCODER_LIMIT, what=f"input[{i}]",
+                        advice="shorten the input")
             vectors = await rt.run(request, lambda: backend.embed(encoded), engine)
         else:
             total_limit = engine.generator.max_input_tokens
-            limit = min(total_limit, engine.generator.context_length)
             encoded, total = [], 0
             for i, item in enumerate(req.inputs):
                 ids = (engine.generator.text_prompt(item, f"input[{i}]")
                        if isinstance(item, list)
                        else await asyncio.to_thread(backend.encode, item))
-                if len(ids) > limit:
-                    raise ContractError(f"input[{i}]", f"{len(ids)} tokens, over the limit of "
-                                        f"{limit}; nothing is truncated")
+                limits.check_tokens(f"input[{i}]", len(ids), max_input_tokens=total_limit,
+                                    context=engine.generator.context_length,
+                                    what=f"input[{i}]")
                 total += len(ids)
                 if total > total_limit:  # one request reads at most one prompt's worth
-                    raise ContractError(
-                        "input", f"input[0..{i}] have {total} tokens together, over the "
-                        f"limit of {total_limit} per request (max_input_tokens); split them "
-                        "over several requests; nothing is truncated",
-                        kind="max_tokens_exceeded")
+                    raise limits.too_long(
+                        "input", total, total_limit, what=f"input[0..{i}]",
+                        when=" together", advice="split them over several requests")
                 encoded.append(ids)
             vectors = await read_in_steps(request, engine, backend.embedding_reader(encoded))
         tokens = sum(len(ids) for ids in encoded)

@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import Request
 
 from onepass.contract import resolves_to
+from onepass.server.admission import AdmissionQueue, Cancelled, Closed, Job, Overloaded
 from onepass.server.context import log_fields
 from onepass.server.errors import ApiError, ClientGone, retry_headers
 from onepass.server.metrics import Metrics
-from onepass.server.scheduler import Cancelled, Closed, Job, Overloaded, Scheduler
 from onepass.server.settings import ServerSettings
 
 log = logging.getLogger("onepass.server")
@@ -37,7 +37,7 @@ class Runtime:
         # served name -> engine (a DecisionEngine, or an EmbeddingEngine for task embedding);
         # the first generation model is the default
         self.engines: dict[str, Any] = {}
-        self.schedulers: dict[str, Scheduler] = {}
+        self.queues: dict[str, AdmissionQueue] = {}
         self.loader: Callable[[], Any] | None = None
         self.load_error: str | None = None
         self.startup_seconds: float | None = None
@@ -47,10 +47,10 @@ class Runtime:
         self.abandoned_ids: set[str] = set()
         self.on_load_failure: Callable[[], None] | None = None
         self._load_thread: threading.Thread | None = None
-        self.scheduler = self._new_scheduler(settings.workers, self._cache_stats)
+        self.queue = self._new_queue(settings.workers, self._cache_stats)
         self.metrics.bind(
-            queue_depth=lambda: sum(s.depth for s in self._all_schedulers()),
-            busy=lambda: sum(s.busy for s in self._all_schedulers()),
+            queue_depth=lambda: sum(s.depth for s in self._all_queues()),
+            busy=lambda: sum(s.busy for s in self._all_queues()),
             ready=lambda: 1.0 if self.ready else 0.0,
             cache_stats=self._cache_stats,
         )
@@ -75,17 +75,17 @@ class Runtime:
     def ready(self) -> bool:
         return self.engine is not None and not self.draining
 
-    def _new_scheduler(self, workers: int, cache_stats: Callable[[], Any]) -> Scheduler:
-        return Scheduler(max_queue=self.settings.max_queue,
+    def _new_queue(self, workers: int, cache_stats: Callable[[], Any]) -> AdmissionQueue:
+        return AdmissionQueue(max_queue=self.settings.max_queue,
                          deadline=self.settings.request_deadline,
                          workers=workers, cache_stats=cache_stats)
 
-    def _all_schedulers(self) -> list[Scheduler]:
-        return list(self.schedulers.values()) or [self.scheduler]
+    def _all_queues(self) -> list[AdmissionQueue]:
+        return list(self.queues.values()) or [self.queue]
 
-    def scheduler_for(self, engine: Any) -> Scheduler:
+    def queue_for(self, engine: Any) -> AdmissionQueue:
         """Each model has its own decision queue: one busy model never blocks another."""
-        return self.schedulers.get(getattr(engine, "served_name", None), self.scheduler)
+        return self.queues.get(getattr(engine, "served_name", None), self.queue)
 
     def _cache_stats(self) -> Any:
         return _engine_cache_stats(self.engine)
@@ -104,14 +104,14 @@ class Runtime:
             if share is not None:  # concurrent decisions packed into the same forwards
                 share()
             if i == 0:
-                scheduler = self.scheduler
+                queue = self.queue
             else:
-                scheduler = self._new_scheduler(
+                queue = self._new_queue(
                     getattr(engine, "max_concurrency", self.settings.workers),
                     lambda e=engine: _engine_cache_stats(e),
                 )
-            self.schedulers[engine.served_name] = scheduler
-            scheduler.start()
+            self.queues[engine.served_name] = queue
+            queue.start()
             backend = getattr(engine, "backend", None)
             total += getattr(backend, "weight_bytes", 0) or 0
             log.info(
@@ -225,12 +225,12 @@ class Runtime:
             log.info(
                 "draining: refusing new requests, letting in-flight ones finish",
                 extra={"fields": {"reason": reason, "in_flight": self.in_flight,
-                                  "queued": sum(s.depth for s in self._all_schedulers()),
+                                  "queued": sum(s.depth for s in self._all_queues()),
                                   "drain_seconds": self.settings.drain_seconds}},
             )
 
     def shutdown(self) -> None:
-        dropped = sum(s.close() for s in self._all_schedulers())
+        dropped = sum(s.close() for s in self._all_queues())
         # Requests still in flight now are abandoned too (their cancellation may not have
         # been processed yet); a set, so none is counted twice.
         abandoned = self.abandoned_ids | self.in_flight_ids
@@ -238,7 +238,7 @@ class Runtime:
             "shutdown complete",
             extra={"fields": {"abandoned": len(abandoned),
                               "dropped_queued": dropped,
-                              "answered": sum(s.completed for s in self._all_schedulers())}},
+                              "answered": sum(s.completed for s in self._all_queues())}},
         )
 
     # ------------------------------------------------------------------ running work
@@ -246,9 +246,9 @@ class Runtime:
     async def run(self, request: Request, work: Callable[[], Any], engine: Any = None) -> Any:
         """Queue ``work`` on ``engine``'s queue (the default model's when None), wait for it,
         and give up (cheaply) if the client disconnects."""
-        scheduler = self.scheduler_for(engine) if engine is not None else self.scheduler
+        queue = self.queue_for(engine) if engine is not None else self.queue
         try:
-            job = scheduler.submit(work)
+            job = queue.submit(work)
         except Overloaded as exc:
             self.metrics.shed.labels(exc.reason).inc()
             raise ApiError.of(
@@ -269,25 +269,25 @@ class Runtime:
                     {future, gone}, timeout=max(0.0, job.deadline - time.monotonic()),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                if not done and scheduler.cancel(job, gone=False):
+                if not done and queue.cancel(job, gone=False):
                     self.metrics.shed.labels("deadline").inc()
-                    wait = scheduler.expected_wait()
+                    wait = queue.expected_wait()
                     raise ApiError.of(
                         "overloaded",
                         f"the request waited {job.queue_seconds:.1f} s without reaching the "
                         f"engine (request deadline {self.settings.request_deadline:g} s); the "
                         "server is saturated, retry later",
-                        headers=retry_headers(scheduler.retry_after(wait)),
+                        headers=retry_headers(queue.retry_after(wait)),
                     )
                 if not done:
                     done, _ = await asyncio.wait(
                         {future, gone}, return_when=asyncio.FIRST_COMPLETED
                     )
             except asyncio.CancelledError:  # shutdown past the drain deadline
-                scheduler.cancel(job)
+                queue.cancel(job)
                 raise
             if future not in done:
-                dropped = scheduler.cancel(job)
+                dropped = queue.cancel(job)
                 if dropped:
                     self.metrics.shed.labels("disconnected").inc()
                 info["disconnected"] = "before_start" if dropped else "while_computing"

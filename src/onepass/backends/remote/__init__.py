@@ -19,7 +19,7 @@ from onepass.backends.base import ScoreResult
 from onepass.backends.remote import dialects as D
 from onepass.cache import CacheStats
 from onepass.server.errors import ApiError, retry_headers
-from onepass.server.models import ENGINES
+from onepass.server.served_models import ENGINES
 
 PROBE_TEXTS = (
     "Answer with one letter.\nA. yes\nB. no\nAnswer: A",

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from onepass.server.scheduler import Cancelled, Closed, Overloaded, Scheduler
+from onepass.server.admission import AdmissionQueue, Cancelled, Closed, Overloaded
 
 
 def blocker():
@@ -26,7 +26,7 @@ def blocker():
 
 
 def test_runs_jobs_in_order_and_returns_results():
-    s = Scheduler(max_queue=8, deadline=5)
+    s = AdmissionQueue(max_queue=8, deadline=5)
     order = []
     jobs = [s.submit(lambda i=i: order.append(i) or i * 2) for i in range(5)]
     assert [j.future.result(5) for j in jobs] == [0, 2, 4, 6, 8]
@@ -36,7 +36,7 @@ def test_runs_jobs_in_order_and_returns_results():
 
 
 def test_exceptions_reach_the_caller():
-    s = Scheduler(max_queue=2, deadline=5)
+    s = AdmissionQueue(max_queue=2, deadline=5)
     job = s.submit(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         job.future.result(5)
@@ -44,7 +44,7 @@ def test_exceptions_reach_the_caller():
 
 
 def test_full_queue_is_refused_at_once_with_retry_after():
-    s = Scheduler(max_queue=2, deadline=60)
+    s = AdmissionQueue(max_queue=2, deadline=60)
     work, gate, started = blocker()
     first = s.submit(work)
     assert started.wait(5)
@@ -61,7 +61,7 @@ def test_full_queue_is_refused_at_once_with_retry_after():
 
 
 def test_expected_wait_over_the_deadline_is_refused():
-    s = Scheduler(max_queue=100, deadline=1.0, initial_service_seconds=0.4)
+    s = AdmissionQueue(max_queue=100, deadline=1.0, initial_service_seconds=0.4)
     work, gate, started = blocker()
     s.submit(work)
     assert started.wait(5)
@@ -74,7 +74,7 @@ def test_expected_wait_over_the_deadline_is_refused():
 
 
 def test_job_past_its_deadline_is_not_run():
-    s = Scheduler(max_queue=10, deadline=0.05, initial_service_seconds=0.0)
+    s = AdmissionQueue(max_queue=10, deadline=0.05, initial_service_seconds=0.0)
     work, gate, started = blocker()
     s.submit(work)
     assert started.wait(5)
@@ -90,7 +90,7 @@ def test_job_past_its_deadline_is_not_run():
 
 
 def test_cancelled_job_is_dropped_without_running():
-    s = Scheduler(max_queue=10, deadline=10)
+    s = AdmissionQueue(max_queue=10, deadline=10)
     work, gate, started = blocker()
     s.submit(work)
     assert started.wait(5)
@@ -109,7 +109,7 @@ def test_cancelled_job_is_dropped_without_running():
 
 
 def test_cancel_of_a_running_job_returns_false():
-    s = Scheduler(max_queue=10, deadline=10)
+    s = AdmissionQueue(max_queue=10, deadline=10)
     work, gate, started = blocker()
     job = s.submit(work)
     assert started.wait(5)
@@ -120,7 +120,7 @@ def test_cancel_of_a_running_job_returns_false():
 
 
 def test_close_fails_queued_jobs_and_refuses_new_ones():
-    s = Scheduler(max_queue=10, deadline=10)
+    s = AdmissionQueue(max_queue=10, deadline=10)
     work, gate, started = blocker()
     s.submit(work)
     assert started.wait(5)
@@ -134,7 +134,7 @@ def test_close_fails_queued_jobs_and_refuses_new_ones():
 
 
 def test_service_time_estimate_follows_the_jobs():
-    s = Scheduler(max_queue=10, deadline=10, initial_service_seconds=1.0)
+    s = AdmissionQueue(max_queue=10, deadline=10, initial_service_seconds=1.0)
     for _ in range(10):
         s.submit(lambda: time.sleep(0.01)).future.result(5)
     assert s.service_seconds < 0.2
@@ -146,9 +146,9 @@ def test_model_work_a_running_job_waits_for_is_bounded_by_its_deadline():
     its client's departure too: withdrawn work raises instead of holding the worker."""
     from concurrent.futures import Future
 
-    from onepass.server.scheduler import wait_for_model
+    from onepass.server.admission import wait_for_model
 
-    s = Scheduler(max_queue=10, deadline=0.3)
+    s = AdmissionQueue(max_queue=10, deadline=0.3)
     withdrawn = []
 
     def never() -> bool:  # model work nobody takes: withdrawing it succeeds
@@ -161,7 +161,7 @@ def test_model_work_a_running_job_waits_for_is_bounded_by_its_deadline():
     assert info.value.reason == "deadline" and "deadline 0.3 s" in info.value.message
     assert withdrawn and withdrawn[0] - job.enqueued < 0.6
 
-    s = Scheduler(max_queue=10, deadline=30)
+    s = AdmissionQueue(max_queue=10, deadline=30)
     job = s.submit(lambda: wait_for_model(Future(), never))
     time.sleep(0.1)
     assert s.cancel(job) is False  # running: the client leaves while it waits for the model
@@ -169,7 +169,7 @@ def test_model_work_a_running_job_waits_for_is_bounded_by_its_deadline():
         job.future.result(5)
 
     taken: Future = Future()  # the model took the work: it is awaited past the deadline
-    s = Scheduler(max_queue=10, deadline=0.1)
+    s = AdmissionQueue(max_queue=10, deadline=0.1)
     job = s.submit(lambda: wait_for_model(taken, lambda: False))
     threading.Timer(0.4, lambda: taken.set_result("logits")).start()
     assert job.future.result(5) == "logits"

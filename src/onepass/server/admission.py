@@ -9,7 +9,7 @@ load exactly when the server is saturated. Here the queue is explicit and bounde
   the recent service time) fits in the deadline; otherwise it is refused at once with a
   ``retry-after`` estimate (429), instead of hanging;
 * a request that could not start before its deadline is dropped without computing (429);
-* a request whose client has gone is dropped without computing (:meth:`Scheduler.cancel`);
+* a request whose client has gone is dropped without computing (:meth:`AdmissionQueue.cancel`);
 * the deadline holds after a worker takes the job, too: model work the job queues in the
   model's step scheduler waits through :func:`wait_for_model`, which withdraws it when the
   deadline passes (429) or the client leaves before the model took it (a busy model never
@@ -46,7 +46,7 @@ class Overloaded(Exception):
 
 
 class Closed(Exception):
-    """The scheduler is shutting down."""
+    """The queue is shutting down."""
 
 
 class Cancelled(Exception):
@@ -78,7 +78,7 @@ class Job:
         return (self.finished or time.monotonic()) - self.started
 
 
-class Scheduler:
+class AdmissionQueue:
     """Runs ``job.work()`` on ``workers`` threads, bounded by ``max_queue`` and ``deadline``."""
 
     def __init__(
@@ -257,7 +257,7 @@ class Scheduler:
         _settle(job.future, result=result)
 
 
-_RUNNING: ContextVar[tuple[Scheduler, Job] | None] = ContextVar("onepass_job", default=None)
+_RUNNING: ContextVar[tuple[AdmissionQueue, Job] | None] = ContextVar("onepass_job", default=None)
 _POLL = 0.05  # seconds between looks at the client and the deadline while model work waits
 
 
@@ -272,7 +272,7 @@ def wait_for_model(future: Future, withdraw: Callable[[], bool]) -> Any:
     running = _RUNNING.get()
     if running is None:
         return future.result()
-    scheduler, job = running
+    queue, job = running
     while True:
         try:
             result = future.result(timeout=_POLL)
@@ -282,13 +282,13 @@ def wait_for_model(future: Future, withdraw: Callable[[], bool]) -> Any:
                     raise Cancelled("the client disconnected") from None
                 raise Overloaded(
                     "deadline",
-                    scheduler.retry_after(scheduler.expected_wait()),
+                    queue.retry_after(queue.expected_wait()),
                     f"the request waited {time.monotonic() - job.enqueued:.1f} s without the "
-                    f"model taking its work (request deadline {scheduler.deadline:g} s); the "
+                    f"model taking its work (request deadline {queue.deadline:g} s); the "
                     "server is saturated, retry later",
                 ) from None
             continue
-        job.model_deadline = max(job.model_deadline, time.monotonic() + scheduler.deadline)
+        job.model_deadline = max(job.model_deadline, time.monotonic() + queue.deadline)
         return result
 
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from onepass.server.models import (
+from onepass.server.served_models import (
     ModelsConfigError,
     ModelSpec,
     load_models_config,
