@@ -231,3 +231,40 @@ def test_engine_faults_become_502_503_504(fault, status):
     assert "sglang engine" in info.value.message
     if status == 503:
         assert info.value.headers["retry-after"] == "5"
+
+
+@pytest.mark.parametrize("listed, expected", [
+    (["smol-served"], "smol-served"),  # vLLM started with --served-model-name
+    (["other", "m"], "m"),  # the checkpoint's own name, among others
+    (None, "m"),  # no /v1/models (404): the name is sent as it is
+    ([], "m"),
+])
+def test_vllm_model_name_is_read_from_the_engine(listed, expected):
+    """The name vLLM knows the model by is discovered at start-up, so a vLLM started with
+    --served-model-name answers instead of a 502 per request; every later body carries it."""
+    models = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            if listed is None:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": name, "object": "model"} for name in listed]})
+        body = json.loads(request.content)
+        models.append(body["model"])
+        return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
+
+    backend = _backend(handler, engine="vllm")
+    assert backend.model == expected
+    assert models and set(models) == {expected}
+
+
+def test_vllm_serving_several_other_models_is_refused_naming_them():
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/models"
+        return httpx.Response(200, json={"data": [{"id": "a"}, {"id": "b"}]})
+
+    with pytest.raises(EngineError) as info:
+        _backend(handler, engine="vllm")
+    assert info.value.status == 502 and "'a', 'b'" in info.value.message
+    assert "none of them is 'm'" in info.value.message

@@ -72,6 +72,8 @@ class RemoteBackend:
         self._stats = CacheStats()
         self.requests = 0
         if verify:
+            if model is None and engine in ("vllm", "onepass"):
+                self.model = self.served_model(name)
             self.verify_tokenizer()
 
     @classmethod
@@ -87,11 +89,14 @@ class RemoteBackend:
 
     # ------------------------------------------------------------------ HTTP
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
+    def _post(self, path: str, body: dict[str, Any] | None) -> Any:
+        """``body`` sent to ``path`` (None: a GET), the engine's JSON answer returned; every
+        fault an :class:`EngineError`."""
         import httpx
 
         try:
-            response = self.client.post(path, json=body)
+            response = (self.client.get(path) if body is None
+                        else self.client.post(path, json=body))
         except httpx.TimeoutException:
             raise EngineError(504, f"the {self.engine} engine at {self.url} did not answer "
                               f"{path} within {self.timeout:g} s") from None
@@ -117,6 +122,28 @@ class RemoteBackend:
         except ValueError:
             raise EngineError(502, f"the {self.engine} engine answered {path} with a body "
                               f"that is not JSON: {_excerpt(response)}") from None
+
+    def served_model(self, name: str) -> str:
+        """The name the engine serves the checkpoint under (vLLM's ``--served-model-name``,
+        a onepass worker's ``--served-model``), from its ``/v1/models``: ``name`` when it is
+        listed, else the one model listed; an engine listing several others is refused
+        naming them (a request there would be a 404 per call, not one start-up error)."""
+        try:
+            body = self._post("/v1/models", None)
+        except EngineError as exc:
+            if exc.upstream == 404:
+                return name  # no model list: the engine takes any name (or none)
+            raise
+        listed = body.get("data") if isinstance(body, dict) else None
+        ids = [m["id"] for m in listed or ()
+               if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        if name in ids or not ids:
+            return name
+        if len(ids) == 1:
+            return ids[0]
+        raise EngineError(502, f"the {self.engine} engine at {self.url} serves "
+                          f"{', '.join(map(repr, ids))} and none of them is {name!r}: start it "
+                          "with one model, or name the checkpoint it serves")
 
     def health(self) -> tuple[bool, str]:
         """(ok, detail): whether the engine answers its health route now. SGLang and onepass
