@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from onepass import prompt as P
+from onepass.backends.base import Capabilities
 from onepass.contract import ContractError
 from onepass.schema import (
     ESCAPE_KEY,
@@ -350,6 +351,7 @@ class FakeEngine:
     served_name = "smollm2-135m-instruct"
     temperature = 1.0
     backend = SimpleNamespace()
+    capabilities = Capabilities()  # a backend that only scores labels
 
     def check_model(self, requested):
         if requested not in (None, "jev-latest", self.served_name):
@@ -403,7 +405,7 @@ def test_a_plan_bounds_the_fields_and_the_open_text_of_one_request():
     plan = parse_decisions(FakeEngine(), many, max_fields=9)
     assert len(plan.compiled.fields) == 9 and plan.time_limit == MAX_DECISION_SECONDS
     engine = FakeEngine()
-    engine.backend = SimpleNamespace(generate=None)  # open fields need one
+    engine.capabilities = Capabilities(generates=True, generates_text=True)  # open fields
     text = {"type": "string", "x-open": True}
     wide = {**GOOD, "schema": obj(**{f"t{i}": text for i in range(5)}), "max_open_tokens": 512}
     with pytest.raises(ContractError) as err:

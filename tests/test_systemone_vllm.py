@@ -5,6 +5,7 @@ model (library path and a real server driven by the official typesafe-sdk client
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from collections import OrderedDict
@@ -230,13 +231,14 @@ def test_typed_lm_model_name_is_served(server):
 @pytest.mark.parametrize(("attribute", "extra", "field"), [
     ("vocab_statistics", {"diagnostics": True}, "diagnostics"),
     ("cache_namespaces", {"cache_salt": "t"}, "cache_salt"),
-    ("chat_template_kwargs", {"chat_template_kwargs": {"persona": "x"}}, "chat_template_kwargs"),
+    ("template_kwargs", {"chat_template_kwargs": {"persona": "x"}}, "chat_template_kwargs"),
 ])
 def test_a_backend_without_the_ability_refuses_by_field(engine, monkeypatch, attribute, extra,
                                                         field):
     """llama.cpp and remote engines have none of these: the request is refused before any
     model work, naming the field (here the torch backend with the ability switched off)."""
-    monkeypatch.setattr(engine.backend, attribute, False)
+    monkeypatch.setattr(engine, "capabilities",
+                        dataclasses.replace(engine.capabilities, **{attribute: False}))
     with pytest.raises(ContractError) as caught:
         engine.check_request(parse_request({**BASE, **extra}))
     assert caught.value.field == field

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from onepass import prompt as P
-from onepass.backends.base import VOCAB_LOGSUMEXP, VOCAB_MAX, Backend, fewest_tokens
+from onepass.backends.base import (
+    VOCAB_LOGSUMEXP,
+    VOCAB_MAX,
+    Backend,
+    capabilities,
+    fewest_tokens,
+)
 from onepass.contract import (
     DEBIAS_MODES,
     ChoiceAnswer,
@@ -144,6 +150,7 @@ class DecisionEngine:
         self.calibration: Any = None
         self.abstain_below: float | None = None
         self.backend = backend
+        self.capabilities = capabilities(backend)
         self.context = context
         self.max_input_tokens = max_input_tokens
         self.temperature = temperature
@@ -544,16 +551,15 @@ class DecisionEngine:
         a ``cache_salt``/``prompt_cache_key`` (partitions), ``diagnostics`` (full-vocabulary
         statistics), ``chat_template_kwargs`` (a template rendered with them; its format is
         derived here, so a template that fails on them is a 400 too)."""
-        backend = self.backend
-        if request.cache_namespace is not None and not getattr(backend, "cache_namespaces",
-                                                                  False):
+        can = self.capabilities
+        if request.cache_namespace is not None and not can.cache_namespaces:
             raise ContractError("cache_salt", "not supported by this model's backend (its "
                                 "prefix cache has no partitions): send the request without it")
-        if request.diagnostics and not getattr(backend, "vocab_statistics", False):
+        if request.diagnostics and not can.vocab_statistics:
             raise ContractError("diagnostics", "not supported by this model's backend (it "
                                 "reads the label logits only): send the request without it")
         if request.chat_template_kwargs:
-            if not backend.chat_template or not getattr(backend, "chat_template_kwargs", False):
+            if not can.template_kwargs:
                 raise ContractError("chat_template_kwargs", "this model's backend renders no "
                                     "chat template with arguments: send the request without it")
             self._templated(request.chat_template_kwargs)
@@ -764,7 +770,7 @@ class DecisionEngine:
         """Score decisions inside the scheduler's steps, packed with every other decision and
         generation running at the same time (the server does this; a single-threaded caller
         gains nothing from it)."""
-        if hasattr(self.backend, "step"):
+        if self.capabilities.steps:
             self.scorer = self.generator.scheduler.score
 
     def continuation(
@@ -780,7 +786,7 @@ class DecisionEngine:
         scheduler, so it never holds the model while other streams wait; a caller of its own
         runs the backend's greedy loop. Both read the prompt through the prefix cache and
         store it."""
-        if self.scorer is None or not hasattr(self.backend, "step"):
+        if self.scorer is None or not self.capabilities.steps:
             ids, _, cached = self.backend.generate(prompt, max_tokens, stop=stop,
                                                    matcher=matcher)
             return ids, cached
@@ -856,7 +862,7 @@ def decision_render(backend: Any, kwargs: Sequence[tuple[str, Any]] = ()
     ``kwargs`` and, where the template has a thinking switch, thinking off (the label is then
     the reply's first token: Qwen3 writes an empty think block into the prompt)."""
     bound = decision_kwargs(getattr(backend, "chat_template", None), kwargs)
-    if not bound or not getattr(backend, "chat_template_kwargs", False):
+    if not bound or not capabilities(backend).template_kwargs:
         return backend.render_chat
     return lambda messages: backend.render_chat(messages, **bound)
 

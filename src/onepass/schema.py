@@ -1038,7 +1038,7 @@ def _score_prompt(
     if engine.scorer is not None:  # the server: one more decision of the shared steps
         result = engine.scorer(tokens[:-1], [tokens[-1:]], [candidates])
         return result.logits[0], result.cached_tokens
-    if hasattr(backend, "generate"):
+    if engine.capabilities.generates:
         _, logits, cached = backend.generate(tokens, 0, candidates=candidates)
         return logits, cached
     # protocol-only backends: score the last token after the rest, then store the whole prompt
@@ -1282,8 +1282,7 @@ def plan_decisions(
         raise too_many("schema", len(compiled.fields), "fields", max_fields, "max_questions",
                        advice="split the schema")
     open_fields = [f for f in compiled.fields if f.open]
-    backend = engine.backend
-    if open_fields and not getattr(backend, "generates_text", hasattr(backend, "generate")):
+    if open_fields and not engine.capabilities.generates_text:
         raise ContractError("schema", f"field {open_fields[0].path!r} is open (free text), which "
                             "needs a backend that generates text; this one only scores labels "
                             "(--backend torch or llamacpp generate)", kind="unsupported")

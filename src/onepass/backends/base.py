@@ -104,6 +104,46 @@ def fewest_tokens(backend: Any, text: str) -> int:
     return bound.fewest_tokens(text) if bound is not None else 0
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend does beyond :class:`Backend`, read once when an engine is built: the
+    engine, the schema runner and the routes ask these flags, never the backend itself.
+
+    ``steps``: ``step``/``decode`` over sequences in a KV arena (the step scheduler: every
+    generation, shared decision steps, prompt readings). ``generates``: its own greedy
+    ``generate`` loop (the fallback without steps; ``generates_text`` False: it reads candidate
+    logits at the end of a prompt only). ``embeds``: ``embedding_reader`` (pooled decoder
+    embeddings). ``cache_namespaces``: a partitioned prefix cache (``cache_salt``,
+    ``prompt_cache_key``). ``vocab_statistics``: the full vocabulary's log-sum-exp and largest
+    logit as pseudo-candidates (``diagnostics``). ``template_kwargs``: ``render_chat(messages,
+    **kwargs)``. ``tool_templates``: ``render_chat_tools`` (a template's native tools)."""
+
+    steps: bool = False
+    generates: bool = False
+    generates_text: bool = False
+    embeds: bool = False
+    cache_namespaces: bool = False
+    vocab_statistics: bool = False
+    template_kwargs: bool = False
+    tool_templates: bool = False
+
+
+def capabilities(backend: Any) -> Capabilities:
+    """The :class:`Capabilities` of ``backend`` (its methods and declared flags)."""
+    generates = callable(getattr(backend, "generate", None))
+    return Capabilities(
+        steps=callable(getattr(backend, "step", None)),
+        generates=generates,
+        generates_text=bool(getattr(backend, "generates_text", generates)),
+        embeds=callable(getattr(backend, "embedding_reader", None)),
+        cache_namespaces=bool(getattr(backend, "cache_namespaces", False)),
+        vocab_statistics=bool(getattr(backend, "vocab_statistics", False)),
+        template_kwargs=bool(getattr(backend, "chat_template", None))
+        and bool(getattr(backend, "chat_template_kwargs", False)),
+        tool_templates=callable(getattr(backend, "render_chat_tools", None)),
+    )
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onepass.backends.base import fewest_tokens
+from onepass.backends.base import capabilities, fewest_tokens
 from onepass.contract import ContractError
 from onepass.generate.chat import normalize_messages, plain_transcript, starts_with_bos
 from onepass.generate.sampling import SamplingParams, check_vocab
@@ -60,6 +60,7 @@ class TextGenerator:
         if default_max_output_tokens < 1:
             raise ValueError("default_max_output_tokens must be at least 1")
         self.backend = backend
+        self.capabilities = capabilities(backend)
         self.max_input_tokens = max_input_tokens
         self.default_max_output_tokens = default_max_output_tokens
         self.scheduler = GenerationScheduler(

@@ -73,7 +73,7 @@ def _openai_check(rt: Any, raw: Any) -> tuple[D.DecisionsCall, Any]:
     limit = rt.settings.max_questions
     if len(call.asked) > limit:
         raise too_many("questions", len(call.asked), "questions", limit, "max_questions")
-    if call.cache_key is not None and not getattr(engine.backend, "cache_namespaces", False):
+    if call.cache_key is not None and not engine.capabilities.cache_namespaces:
         raise ContractError("prompt_cache_key", "not supported by this model's backend (its "
                             "prefix cache has no partitions): send the request without it")
     return call, engine

@@ -279,10 +279,8 @@ def template_kwargs(gen: Any, kwargs: Sequence[tuple[str, Any]], effort: str | N
                     effort_field: str) -> dict[str, Any]:
     """A generation request's template variables (its ``chat_template_kwargs`` and reasoning
     effort on the template's thinking switch; see :func:`R.generation_kwargs`)."""
-    backend = gen.backend
-    template = getattr(backend, "chat_template", None)
-    accepts = bool(template) and bool(getattr(backend, "chat_template_kwargs", False))
-    return R.generation_kwargs(template, kwargs, effort, effort_field, accepts_kwargs=accepts)
+    return R.generation_kwargs(gen.backend.chat_template, kwargs, effort, effort_field,
+                               accepts_kwargs=gen.capabilities.template_kwargs)
 
 
 def thinks(gen: Any, prompt: list[int], kwargs: dict[str, Any]) -> bool:
@@ -304,7 +302,7 @@ def tool_prompt(gen: Any, messages: list[dict[str, Any]], tools: T.ToolSpec | No
     if not uses:
         return gen.chat_prompt(messages, field, kwargs), "hermes"
     template = getattr(backend, "chat_template", None)
-    if T.template_declares_tools(template) and hasattr(backend, "render_chat_tools"):
+    if T.template_declares_tools(template) and gen.capabilities.tool_templates:
         listed = [f.chat_tool() for f in tools.functions] if tools is not None else None
         try:
             text = backend.render_chat_tools(T.native_messages(messages), listed, **kwargs)
@@ -383,7 +381,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     def resolve(model: str | None) -> tuple[Any, str]:
         """The engine serving ``model`` and its served name: checked before any work."""
         engine = rt.require_engine(model)  # each served model by its own name; else 404
-        if not hasattr(engine.backend, "step"):  # llamacpp, remote: no KV arena to generate in
+        if not engine.capabilities.steps:  # llamacpp, remote: no KV arena to generate in
             raise ContractError("model", f"model {engine.served_name!r} is served by the "
                                 f"{_backend_kind(engine.backend)} backend, which does not "
                                 "generate through the OpenAI routes yet (it answers "
@@ -890,7 +888,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
         engine = rt.engine_for(req.model, task="embedding")
         model, backend = engine.served_name, engine.backend
         encoder = is_embedding(engine)
-        if not encoder and not hasattr(backend, "embedding_reader"):
+        if not encoder and not engine.capabilities.embeds:
             raise ContractError("model", f"model {model!r} has no embedding support")
         width = (backend.dimensions if encoder
                  else getattr(getattr(backend, "config", None), "hidden_size", None))
