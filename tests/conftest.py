@@ -28,7 +28,8 @@ os.environ.setdefault("ONEPASS_DTYPE", "float32")
 # CI); the quick developer loop is `pytest -m "not process and not proof"`.
 MODEL_FIXTURES = {"engine", "float32_engine", "probe_reference", "server", "clinc_lora",
                   "gguf_engine", "library_path"}
-STARTS_PROCESSES = ("serve(", "serving(", "subprocess", "onepass_command(", "Popen(")
+STARTS_PROCESSES = ("serve(", "serving(", "subprocess", "onepass_command(", "Popen(",
+                    "vllm_server(")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

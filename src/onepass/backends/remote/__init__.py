@@ -71,6 +71,7 @@ class RemoteBackend:
         self._tokenizer_lock = threading.Lock()
         self._stats = CacheStats()
         self.requests = 0
+        self._vllm_labels: bool | None = None  # label reads: unknown until the first answer
         if verify:
             if model is None and engine in ("vllm", "onepass"):
                 self.model = self.served_model(name)
@@ -230,9 +231,7 @@ class RemoteBackend:
             logits, cached = self._read(D.sglang_parse_score, body, candidates)
             return logits, min(cached) if cached else 0
         if self.engine == "vllm":
-            body = self._post("/v1/completions", D.vllm_score_body(self.model, prompts,
-                                                                   candidates))
-            return self._read(D.vllm_parse_score, body, prompts, candidates)
+            return self._vllm_scores(prompts, candidates)
         if self.engine == "llama-server":
             def one(i: int) -> tuple[list[float], int]:
                 body = self._post("/completion",
@@ -244,6 +243,33 @@ class RemoteBackend:
         logits, cached = self._read(D.sglang_parse_score, body, candidates,
                                     "output_token_ids_logits")
         return logits, min(cached) if cached else 0
+
+    def _vllm_scores(self, prompts: list[list[int]], candidates: Sequence[Sequence[int]]
+                     ) -> tuple[list[list[float]], int]:
+        """Label reads (:func:`D.vllm_label_body`): the first prompt alone, then the rest in
+        one call, so the engine computes the shared state once and every other prompt reads
+        it from its prefix cache (prompts scheduled in the same step would each compute it).
+        An engine without label reads gets the per-candidate prompt dialect from then on."""
+        if self._vllm_labels is not False:
+            try:
+                first = [self._vllm_labels_call(prompts[:1], candidates[:1])]
+                if len(prompts) > 1:
+                    first.append(self._vllm_labels_call(prompts[1:], candidates[1:]))
+                self._vllm_labels = True
+                return ([row for logits, _ in first for row in logits],
+                        min(cached for _, cached in first))
+            except D.DialectError:
+                if self._vllm_labels:
+                    raise EngineError(502, f"the {self.engine} engine's answer had no label "
+                                      "log-probabilities") from None
+                self._vllm_labels = False
+        body = self._post("/v1/completions", D.vllm_score_body(self.model, prompts, candidates))
+        return self._read(D.vllm_parse_score, body, prompts, candidates)
+
+    def _vllm_labels_call(self, prompts: list[list[int]], candidates: Sequence[Sequence[int]]
+                          ) -> tuple[list[list[float]], int]:
+        body = self._post("/v1/completions", D.vllm_label_body(self.model, prompts, candidates))
+        return D.vllm_parse_labels(body, prompts, candidates)  # DialectError: no label reads
 
     def _read(self, parse: Any, body: Any, *args: Any) -> Any:
         try:

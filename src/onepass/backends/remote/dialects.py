@@ -9,9 +9,15 @@ good as logits):
   ``meta_info.output_token_ids_logprobs[0]`` and ``meta_info.cached_tokens``. The asked ids are
   one flat list (every candidate of every branch) that SGLang applies to each prompt: the
   typed ``/generate`` of sglang-router 0.3.2 refuses one list per prompt (HTTP 422).
-* ``vllm`` — OpenAI ``POST /v1/completions`` with a batch of token-id prompts, each the decision
-  prompt plus one candidate, and vLLM's ``prompt_logprobs: 0`` extra parameter (>= 0.4; the
-  actual prompt token is always in the returned dict, so the candidate's logprob is exact);
+* ``vllm`` — OpenAI ``POST /v1/completions`` with a batch of token-id prompts, one per
+  decision position, ``max_tokens: 1`` and vLLM's ``logprob_token_ids`` (every candidate id:
+  their full-vocabulary log-probabilities at the next position, read from
+  ``choices[].logprobs.top_logprobs[0]["token_id:N"]`` with ``return_tokens_as_token_ids``;
+  vLLM >= 0.32, as its own System One reads labels). An engine that ignores the field (older
+  vLLM) answers without the ids, and the backend falls back for good to the earlier dialect:
+  each decision prompt plus one candidate with ``prompt_logprobs: 0`` (>= 0.4; exact, but a
+  request with prompt log-probabilities reads no prefix cache and computes every position's
+  full distribution: ~29x slower on a 16-question request).
   ``usage.prompt_tokens_details.cached_tokens`` (>= 0.8, ``--enable-prompt-tokens-details``).
 * ``llama-server`` — llama.cpp's native ``POST /completion`` (b5000+): the same large
   ``logit_bias`` on every candidate id, ``post_sampling_probs`` and ``n_probs = k`` with the
@@ -137,6 +143,33 @@ def _regroup(flat: list[float], candidates: Sequence[Sequence[int]]) -> list[lis
         out.append(flat[i : i + len(cands)])
         i += len(cands)
     return out
+
+
+def vllm_label_body(model: str, prompts: Sequence[Sequence[int]],
+                    candidates: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """One next-token read per prompt; the asked ids are every candidate of every prompt (one
+    list for the request, as vLLM takes it)."""
+    return {"model": model, "prompt": [list(p) for p in prompts], "max_tokens": 1,
+            "temperature": 0.0, "logprobs": 0, "logprob_token_ids": union(candidates),
+            "return_tokens_as_token_ids": True}
+
+
+def vllm_parse_labels(body: Any, prompts: Sequence[Sequence[int]],
+                      candidates: Sequence[Sequence[int]]) -> tuple[list[list[float]], int]:
+    """The candidates' log-probabilities per prompt; a :class:`DialectError` when the engine
+    answered without them (it ignored ``logprob_token_ids``)."""
+    choices = sorted(_need(body, "choices"), key=lambda c: c.get("index", 0))
+    if len(choices) != len(prompts):
+        raise DialectError(f"sent {len(prompts)} prompts, got {len(choices)} choices")
+    logits = []
+    for choice, cands in zip(choices, candidates):
+        read = _need(choice, "logprobs", "top_logprobs", 0)
+        missing = [c for c in cands if f"token_id:{c}" not in read]
+        if missing:
+            raise DialectError(f"no logprob for candidate ids {missing}")
+        logits.append([_logprob(read[f"token_id:{c}"]) for c in cands])
+    details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+    return logits, int(details.get("cached_tokens") or 0)
 
 
 def vllm_score_body(model: str, prompts: Sequence[Sequence[int]],
