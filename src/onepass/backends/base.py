@@ -116,7 +116,9 @@ class Capabilities:
     embeddings). ``cache_namespaces``: a partitioned prefix cache (``cache_salt``,
     ``prompt_cache_key``). ``vocab_statistics``: the full vocabulary's log-sum-exp and largest
     logit as pseudo-candidates (``diagnostics``). ``template_kwargs``: ``render_chat(messages,
-    **kwargs)``. ``tool_templates``: ``render_chat_tools`` (a template's native tools)."""
+    **kwargs)``. ``tool_templates``: ``render_chat_tools`` (a template's native tools).
+    ``forwards_generation``: ``forward_openai`` (a remote engine generates: the OpenAI
+    generation routes send the client's request on to it)."""
 
     steps: bool = False
     generates: bool = False
@@ -126,6 +128,7 @@ class Capabilities:
     vocab_statistics: bool = False
     template_kwargs: bool = False
     tool_templates: bool = False
+    forwards_generation: bool = False
 
 
 def capabilities(backend: Any) -> Capabilities:
@@ -141,6 +144,7 @@ def capabilities(backend: Any) -> Capabilities:
         template_kwargs=bool(getattr(backend, "chat_template", None))
         and bool(getattr(backend, "chat_template_kwargs", False)),
         tool_templates=callable(getattr(backend, "render_chat_tools", None)),
+        forwards_generation=callable(getattr(backend, "forward_openai", None)),
     )
 
 

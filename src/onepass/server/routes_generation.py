@@ -41,6 +41,7 @@ from onepass.server import openai_schema as S
 from onepass.server.body import read_json
 from onepass.server.context import StrictJSONResponse, log_fields, request_id
 from onepass.server.errors import STATUS_BY_KIND, ApiError, ClientGone, retry_headers
+from onepass.server.forwarding import forward
 from onepass.server.response_store import ResponseStore, Stored
 from onepass.server.runtime import Runtime, is_embedding
 from onepass.server.serving import body_spec
@@ -371,6 +372,7 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
         def parse_and_note(body: Any) -> Any:
             req = parse(body)
+            request.state.openai_body = body  # as written: a remote engine is sent it
             ignored = W.ignored_fields(body, route)
             if ignored:
                 fields["ignored_fields"] = ",".join(ignored)
@@ -378,15 +380,22 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
 
         return await read_json(request, settings, parse_and_note)
 
+    async def forwarded(request: Request, model: str | None, path: str) -> Response | None:
+        """A remote engine's answer when ``model`` is served by one (:mod:`.forwarding`)."""
+        engine = rt.require_engine(model)
+        if not engine.capabilities.forwards_generation:
+            return None
+        return await forward(request, engine, path, request.state.openai_body)
+
     def resolve(model: str | None) -> tuple[Any, str]:
         """The engine serving ``model`` and its served name: checked before any work."""
         engine = rt.require_engine(model)  # each served model by its own name; else 404
-        if not engine.capabilities.steps:  # llamacpp, remote: no KV arena to generate in
+        if not engine.capabilities.steps:  # llamacpp: no KV arena to generate in
             raise ContractError("model", f"model {engine.served_name!r} is served by the "
                                 f"{_backend_kind(engine.backend)} backend, which does not "
                                 "generate through the OpenAI routes yet (it answers "
                                 "/v1/systemone and /v1/decisions); serve it with --backend "
-                                "torch to generate")
+                                "torch, or from an engine with --backend remote, to generate")
         if id(engine) not in hooked:
             hook(engine.generator)
             hooked.add(id(engine))
@@ -470,6 +479,8 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def chat_completions(request: Request) -> Response:
         req = await read_openai(request, W.parse_chat, "POST /v1/chat/completions")
+        if (remote := await forwarded(request, req.model, "/v1/chat/completions")) is not None:
+            return remote
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
@@ -582,6 +593,8 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def completions(request: Request) -> Response:
         req = await read_openai(request, W.parse_completion, "POST /v1/completions")
+        if (remote := await forwarded(request, req.model, "/v1/completions")) is not None:
+            return remote
         engine, model = resolve(req.model)
         grammar = await compile_grammar(engine, req.grammar)
         gen, backend = engine.generator, engine.backend
@@ -692,6 +705,8 @@ def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any
     @_openai_errors
     async def responses(request: Request) -> Response:
         req = await read_openai(request, W.parse_responses, "POST /v1/responses")
+        if (remote := await forwarded(request, req.model, "/v1/responses")) is not None:
+            return remote
         engine, model = resolve(req.model)
         tools = _active(req.tools)
         grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))

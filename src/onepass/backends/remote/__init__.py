@@ -10,8 +10,9 @@ badly), 503 (unreachable; retry-after) or 504 (too slow) in the server's error e
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -105,24 +106,60 @@ class RemoteBackend:
             raise EngineError(503, f"the {self.engine} engine at {self.url} is unreachable "
                               f"({exc.__class__.__name__}: {exc}); retry when it is back",
                               retry_after=5.0) from None
-        if response.status_code in (401, 403):
-            raise EngineError(502, f"the {self.engine} engine refused {path} with HTTP "
-                              f"{response.status_code}: it needs an API key "
-                              "(--engine-api-key / ONEPASS_ENGINE_API_KEY / the models-config "
-                              "key engine_api_key), or the key sent is wrong",
-                              upstream=response.status_code)
-        if response.status_code == 503:
-            raise EngineError(503, f"the {self.engine} engine is not ready "
-                              f"({_excerpt(response)})", retry_after=5.0)
         if response.status_code >= 400:
-            raise EngineError(502, f"the {self.engine} engine answered {path} with HTTP "
-                              f"{response.status_code}: {_excerpt(response)}",
-                              upstream=response.status_code)
+            raise self._refusal(path, response)
         try:
             return response.json()
         except ValueError:
             raise EngineError(502, f"the {self.engine} engine answered {path} with a body "
                               f"that is not JSON: {_excerpt(response)}") from None
+
+    def _refusal(self, path: str, response: Any, *, client_body: bool = False) -> ApiError:
+        """The error for an engine's HTTP error ``response`` to ``path``. A 4xx to a body the
+        client wrote (``client_body``: a forwarded generation request) is the client's 400,
+        with the engine's words; to a body onepass built, the engine's fault (502)."""
+        status = response.status_code
+        if status in (401, 403):
+            return EngineError(502, f"the {self.engine} engine refused {path} with HTTP "
+                               f"{status}: it needs an API key (--engine-api-key / "
+                               "ONEPASS_ENGINE_API_KEY / the models-config key "
+                               "engine_api_key), or the key sent is wrong", upstream=status)
+        if status == 503:
+            return EngineError(503, f"the {self.engine} engine is not ready "
+                               f"({_excerpt(response)})", retry_after=5.0)
+        if client_body and 400 <= status < 500:
+            return ApiError(400, f"the {self.engine} engine refused the request ({path}, HTTP "
+                            f"{status}): {_excerpt(response)}", "invalid_request_error")
+        return EngineError(502, f"the {self.engine} engine answered {path} with HTTP "
+                           f"{status}: {_excerpt(response)}", upstream=status)
+
+    @contextlib.asynccontextmanager
+    async def forward_openai(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+        """A client's OpenAI generation request (``path``: /v1/chat/completions,
+        /v1/completions, /v1/responses), sent on to the engine as written, under the engine's
+        own model name; yields the engine's answer (status 200, body still streaming). A
+        refusal of the engine's is raised before anything is yielded (:meth:`_refusal`); a
+        fault while streaming is an :class:`EngineError`. Leaving the block closes the
+        connection, which tells the engine to stop."""
+        import httpx
+
+        client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout,
+                                   headers=self.client.headers)
+        try:
+            async with client.stream("POST", path, json={**body, "model": self.model}) as answer:
+                if answer.status_code >= 400:
+                    await answer.aread()
+                    raise self._refusal(path, answer, client_body=True)
+                yield answer
+        except httpx.TimeoutException:
+            raise EngineError(504, f"the {self.engine} engine at {self.url} did not answer "
+                              f"{path} within {self.timeout:g} s") from None
+        except httpx.TransportError as exc:
+            raise EngineError(503, f"the {self.engine} engine at {self.url} is unreachable "
+                              f"({exc.__class__.__name__}: {exc}); retry when it is back",
+                              retry_after=5.0) from None
+        finally:
+            await client.aclose()
 
     def served_model(self, name: str) -> str:
         """The name the engine serves the checkpoint under (vLLM's ``--served-model-name``,
