@@ -302,44 +302,43 @@ def test_vllm_backend_reads_the_state_once_then_every_question_from_the_cache():
     the per-candidate prompt_logprobs dialect from then on."""
     sent = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(404)
-        body = json.loads(request.content)
-        sent.append(body)
-        if request.url.path == "/tokenize":
-            return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
-        if "logprob_token_ids" in body:
-            return httpx.Response(200, json=_label_answer(
-                [{c: -float(c - 64) for c in body["logprob_token_ids"]}] * len(body["prompt"]),
-                cached=len(body["prompt"]) - 1))
-        raise AssertionError("only label reads are expected")
+    def vllm(completions):
+        """A vLLM without a model list whose tokenizer is this test's; ``completions``
+        answers /v1/completions."""
+        def handler(request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/v1/models":
+                return httpx.Response(404)
+            body = json.loads(request.content)
+            sent.append(body)
+            if request.url.path == "/tokenize":
+                return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
+            return httpx.Response(200, json=completions(body))
+        return _backend(handler, engine="vllm")
 
-    backend = _backend(handler, engine="vllm")
+    def labels(body: dict) -> dict:
+        assert "logprob_token_ids" in body, "only label reads are expected"
+        return _label_answer(
+            [{c: -float(c - 64) for c in body["logprob_token_ids"]}] * len(body["prompt"]),
+            cached=len(body["prompt"]) - 1)
+
+    backend = vllm(labels)
     result = backend.score([1, 2], [[3], [4, 5], [6]], [[65, 66], [67], [65, 68]])
     reads = [b for b in sent if "logprob_token_ids" in b]
     assert [b["prompt"] for b in reads] == [[[1, 2, 3]], [[1, 2, 4, 5], [1, 2, 6]]]
     assert result.logits == [[-1.0, -2.0], [-3.0], [-1.0, -4.0]]
     assert result.cached_tokens == 0  # the first read computed the state
 
-    def old_vllm(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(404)
-        body = json.loads(request.content)
-        sent.append(body)
-        if request.url.path == "/tokenize":
-            return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
+    def older(body: dict) -> dict:
         if "prompt_logprobs" in body:
-            return httpx.Response(200, json={"choices": [
-                {"index": i, "prompt_logprobs": [None] * (len(p) - 1) + [
-                    {str(p[-1]): {"logprob": -float(p[-1] - 64)}}]}
-                for i, p in enumerate(body["prompt"])]})
-        return httpx.Response(200, json={"choices": [  # the field ignored: no label reads
+            return {"choices": [{"index": i, "prompt_logprobs": [None] * (len(p) - 1) + [
+                {str(p[-1]): {"logprob": -float(p[-1] - 64)}}]}
+                for i, p in enumerate(body["prompt"])]}
+        return {"choices": [  # the field ignored: no label reads
             {"index": i, "logprobs": {"top_logprobs": [{"token_id:29": -0.1}]}}
-            for i in range(len(body["prompt"]))]})
+            for i in range(len(body["prompt"]))]}
 
     sent.clear()
-    old = _backend(old_vllm, engine="vllm")
+    old = vllm(older)
     assert old.score([1, 2], [[3], [4]], [[65, 66], [67]]).logits == [[-1.0, -2.0], [-3.0]]
     assert old.score([1, 2], [[3]], [[66]]).logits == [[-2.0]]
     tried = [b for b in sent if "logprob_token_ids" in b]

@@ -80,6 +80,22 @@ def test_onepass_worker_as_remote_engine_kill_and_recover(engine, reference, tmp
     _front_end_survives_a_dead_engine(front, lambda: serve([], log, port=port))
 
 
+def _schema_decisions_agree(front: DecisionEngine, local: DecisionEngine, engine: str) -> None:
+    """Schema decisions through the engine equal ``local``'s in both modes (probabilities to
+    1e-3), and in sequential mode (one growing prompt) the engine reuses more each field."""
+    for mode in ("sequential", "batch"):
+        there = front.decide_schema(TICKET, SCHEMA, mode=mode)
+        here = local.decide_schema(TICKET, SCHEMA, mode=mode)
+        assert there.value == here.value, mode
+        for path, field in there.fields.items():
+            for label, p in field.probabilities.items():
+                assert p == pytest.approx(here.fields[path].probabilities[label], abs=1e-3)
+        if mode == "sequential":
+            cached = [f.cached_tokens for f in there.fields.values()]
+            print(f"{engine} reused tokens by field: {cached}")
+            assert cached == sorted(cached) and cached[0] < cached[-1], cached
+
+
 def _front_end_survives_a_dead_engine(front: DecisionEngine, restart) -> None:
     """With the engine stopped: 503 naming it, retry-after, /health 503; ``restart()`` brings
     it back on the same address and the same front-end answers again."""
@@ -130,17 +146,7 @@ def _llama_server_agrees(engine, reference, local, tmp_path) -> None:
               f"vs in-process llamacpp: mean TV {tv_local:.2e}")
         assert agree >= 0.95 and tv <= 0.05
         assert tv_local <= 1e-3  # the same GGUF and kernels; measured ~1e-5 (float32 probs)
-        for mode in ("sequential", "batch"):
-            there = front.decide_schema(TICKET, SCHEMA, mode=mode)
-            here = local.decide_schema(TICKET, SCHEMA, mode=mode)
-            assert there.value == here.value, mode
-            for path, field in there.fields.items():
-                for label, p in field.probabilities.items():
-                    assert p == pytest.approx(here.fields[path].probabilities[label], abs=1e-3)
-            if mode == "sequential":  # one growing prompt: the engine reuses more each field
-                cached = [f.cached_tokens for f in there.fields.values()]
-                print(f"llama-server reused tokens by field: {cached}")
-                assert cached == sorted(cached) and cached[0] < cached[-1], cached
+        _schema_decisions_agree(front, local, "llama-server")
         sent = remote.requests  # an open field cannot be scored: refused before any call
         with pytest.raises(ContractError, match="'note' is open") as refused:
             front.decide_schema(TICKET, {"type": "object", "required": ["note"],

@@ -8,8 +8,9 @@ mean TV <= 1e-3); schema decisions agree in both modes and sequential mode repor
 vLLM's prefix cache gave back growing field by field; a 16-question request reads the shared
 state once and from the cache on a repeat; chat, completions and responses are forwarded to
 the engine (streamed, renamed, its structured outputs, its refusals as 400s); a killed engine
-gives 503 and the same front-end recovers when it is back. ``ONEPASS_SKIP_VLLM=1`` at install leaves vLLM out: the test skips
-(under ``CI=true`` it fails, so a broken set-up cannot pass by skipping).
+gives 503 and the same front-end recovers when it is back. ``ONEPASS_SKIP_VLLM=1`` at install
+leaves vLLM out: the test skips (under ``CI=true`` it fails, so a broken set-up cannot pass by
+skipping).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from conftest import running_in_ci
 from fastapi.testclient import TestClient
 from server_process import free_port, vllm_missing, vllm_server
 from test_backend_remote_live import (
-    SCHEMA,
+    REQUESTS,
     TICKET,
     _agreement,
     _distributions,
     _front_end_survives_a_dead_engine,
+    _schema_decisions_agree,
 )
 
 from onepass.engine import DecisionEngine
@@ -45,14 +47,13 @@ def vllm_ready() -> None:
 
 
 def sixteen_questions(nonce: int) -> dict:
-    state = f"Ticket {nonce}. " + ("The parcel arrived two weeks late, the box was crushed "
-                                   "and the invoice charged shipping twice. ") * 18
-    questions = {f"q{i}": {"type": "noul", "instructions": f"Point {i}: the customer is upset "
-                           f"about item {i}."} for i in range(12)}
-    questions.update({f"c{i}": {"type": "choice", "instructions": f"Topic {i}?",
-                                "criteria": {"delivery": None, "billing": None, "other": None}}
-                      for i in range(4)})
-    return {"state": state, "questions": questions}
+    """The first request's three questions, asked five times over, and one more, on a long
+    ticket: one shared state, sixteen decision positions."""
+    asked = REQUESTS[0]["questions"]
+    questions = {f"{name}{i}": {**q, "instructions": f"{q['instructions']} ({i})"}
+                 for i in range(5) for name, q in asked.items()}
+    questions["last"] = REQUESTS[1]["questions"]["login"]
+    return {"state": f"Ticket {nonce}. " + f"{TICKET} " * 40, "questions": questions}
 
 
 def test_vllm_as_remote_engine(vllm_ready, engine, tmp_path):
@@ -65,17 +66,7 @@ def test_vllm_as_remote_engine(vllm_ready, engine, tmp_path):
         agree, tv = _agreement(_distributions(front), _distributions(engine))
         print(f"vLLM vs in-process torch (both float32): agreement {agree:.3f}, mean TV {tv:.2e}")
         assert agree == 1.0 and tv <= 1e-3
-        for mode in ("sequential", "batch"):
-            there = front.decide_schema(TICKET, SCHEMA, mode=mode)
-            here = engine.decide_schema(TICKET, SCHEMA, mode=mode)
-            assert there.value == here.value, mode
-            for path, field in there.fields.items():
-                for label, p in field.probabilities.items():
-                    assert p == pytest.approx(here.fields[path].probabilities[label], abs=1e-3)
-            if mode == "sequential":  # one growing prompt: vLLM reuses more each field
-                cached = [f.cached_tokens for f in there.fields.values()]
-                print(f"vLLM reused tokens by field: {cached}")
-                assert cached == sorted(cached) and cached[0] < cached[-1], cached
+        _schema_decisions_agree(front, engine, "vLLM")
         request = sixteen_questions(7)
         sent = remote.requests
         miss = front.answer(request)

@@ -99,13 +99,8 @@ class RemoteBackend:
         try:
             response = (self.client.get(path) if body is None
                         else self.client.post(path, json=body))
-        except httpx.TimeoutException:
-            raise EngineError(504, f"the {self.engine} engine at {self.url} did not answer "
-                              f"{path} within {self.timeout:g} s") from None
         except httpx.TransportError as exc:
-            raise EngineError(503, f"the {self.engine} engine at {self.url} is unreachable "
-                              f"({exc.__class__.__name__}: {exc}); retry when it is back",
-                              retry_after=5.0) from None
+            raise self._unreachable(path, exc) from None
         if response.status_code >= 400:
             raise self._refusal(path, response)
         try:
@@ -113,6 +108,17 @@ class RemoteBackend:
         except ValueError:
             raise EngineError(502, f"the {self.engine} engine answered {path} with a body "
                               f"that is not JSON: {_excerpt(response)}") from None
+
+    def _unreachable(self, path: str, exc: Exception) -> EngineError:
+        """A transport fault: a timeout is a 504; anything else (refused, reset) a 503."""
+        import httpx
+
+        if isinstance(exc, httpx.TimeoutException):
+            return EngineError(504, f"the {self.engine} engine at {self.url} did not answer "
+                               f"{path} within {self.timeout:g} s")
+        return EngineError(503, f"the {self.engine} engine at {self.url} is unreachable "
+                           f"({exc.__class__.__name__}: {exc}); retry when it is back",
+                           retry_after=5.0)
 
     def _refusal(self, path: str, response: Any, *, client_body: bool = False) -> ApiError:
         """The error for an engine's HTTP error ``response`` to ``path``. A 4xx to a body the
@@ -151,13 +157,8 @@ class RemoteBackend:
                     await answer.aread()
                     raise self._refusal(path, answer, client_body=True)
                 yield answer
-        except httpx.TimeoutException:
-            raise EngineError(504, f"the {self.engine} engine at {self.url} did not answer "
-                              f"{path} within {self.timeout:g} s") from None
         except httpx.TransportError as exc:
-            raise EngineError(503, f"the {self.engine} engine at {self.url} is unreachable "
-                              f"({exc.__class__.__name__}: {exc}); retry when it is back",
-                              retry_after=5.0) from None
+            raise self._unreachable(path, exc) from None
         finally:
             await client.aclose()
 
