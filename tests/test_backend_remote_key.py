@@ -1,8 +1,8 @@
 """A remote engine that requires an API key (issue 25, item 10): a real `onepass serve
 --api-key` worker on loopback as the engine. The remote backend sends the key as a bearer
 token (flag, environment, models-config key), a missing or wrong key is a clear refusal that
-names the setting and never shows the key, and the front-end's generation routes answer a 400
-naming the model and backend (the remote backend has no KV arena to generate in)."""
+names the setting and never shows the key, and the front-end's generation routes are
+forwarded to the engine with the key (server/forwarding.py), answered under the front's name."""
 
 from __future__ import annotations
 
@@ -53,14 +53,15 @@ def test_a_served_front_end_reads_the_key_from_the_environment(worker, tmp_path)
     with serve(front_args, log, env={"ONEPASS_ENGINE_API_KEY": KEY}) as front:
         r = httpx.post(front + "/v1/systemone", json=REQUEST, headers=auth, timeout=60)
         assert r.status_code == 200, r.text
+        name = httpx.get(front + "/v1/models", headers=auth, timeout=10).json()["data"][0]["id"]
         for route, body in (
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                          "max_tokens": 2}),
                 ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-                ("/v1/responses", {"input": "hi"})):
+                ("/v1/responses", {"input": "hi", "max_output_tokens": 16})):
             r = httpx.post(front + route, json=body, headers=auth, timeout=60)
-            assert r.status_code == 400, (route, r.status_code, r.text)  # was a 500
-            error = r.json()["error"]
-            assert error["field"] == "model" and "remote backend" in error["message"], error
+            assert r.status_code == 200, (route, r.status_code, r.text)  # the engine generated
+            assert r.json()["model"] == name, (route, r.json())
     assert KEY not in log.read_text()  # never logged, at start-up or per request
 
 
