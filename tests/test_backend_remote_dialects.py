@@ -259,6 +259,25 @@ def test_vllm_model_name_is_read_from_the_engine(listed, expected):
     assert models and set(models) == {expected}
 
 
+def test_a_routers_placeholder_model_falls_back_to_the_checkpoints_name():
+    """sglang-router 0.3.2 lists ``unknown`` for onepass workers (they have no SGLang
+    model-info route) and its workers refuse that name with a 404: the checkpoint's own name
+    is tried once, and kept."""
+    models = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "unknown"}]})
+        body = json.loads(request.content)
+        models.append(body["model"])
+        if body["model"] != "m":
+            return httpx.Response(404, json={"error": {"message": "unknown model"}})
+        return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]]})
+
+    backend = _backend(handler, engine="vllm")  # the same start-up for a onepass engine
+    assert backend.model == "m" and models[0] == "unknown" and set(models[1:]) == {"m"}
+
+
 def test_vllm_serving_several_other_models_is_refused_naming_them():
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/models"

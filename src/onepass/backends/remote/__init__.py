@@ -76,7 +76,15 @@ class RemoteBackend:
         if verify:
             if model is None and engine in ("vllm", "onepass"):
                 self.model = self.served_model(name)
-            self.verify_tokenizer()
+            try:
+                self.verify_tokenizer()
+            except EngineError as exc:
+                # a router's placeholder listing (sglang-router lists "unknown" for workers
+                # without SGLang's model-info route): the checkpoint's own name, tried once
+                if exc.upstream != 404 or self.model == name:
+                    raise
+                self.model = name
+                self.verify_tokenizer()
 
     @classmethod
     def connect(cls, engine: str, url: str, model: str | None, **kwargs: Any) -> RemoteBackend:
