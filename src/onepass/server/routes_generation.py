@@ -43,7 +43,7 @@ from onepass.server.context import StrictJSONResponse, log_fields, request_id
 from onepass.server.errors import STATUS_BY_KIND, ApiError, ClientGone, retry_headers
 from onepass.server.forwarding import forward
 from onepass.server.response_store import ResponseStore, Stored
-from onepass.server.runtime import Runtime, is_embedding
+from onepass.server.runtime import Runtime, is_embedding, wait_disconnect
 from onepass.server.serving import body_spec
 from onepass.server.settings import ServerSettings
 
@@ -216,13 +216,6 @@ def _failure(finish: Finish) -> ApiError | None:
     return None
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def collect(
     request: Request, running: Running
 ) -> tuple[list[W.Choice], list[Finish]]:
@@ -245,7 +238,7 @@ async def collect(
         return choices, [f for f in finishes if f is not None]
 
     task = asyncio.ensure_future(run())
-    gone = asyncio.ensure_future(_wait_disconnect(request))
+    gone = asyncio.ensure_future(wait_disconnect(request))
     try:
         done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done:

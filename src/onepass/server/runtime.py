@@ -261,7 +261,7 @@ class Runtime:
         info = log_fields(request)
         future = asyncio.wrap_future(job.future)
         future.add_done_callback(_consume)
-        gone = asyncio.ensure_future(_wait_disconnect(request))
+        gone = asyncio.ensure_future(wait_disconnect(request))
         try:
             try:
                 # Wait until the deadline for the job to start; once it runs, until it ends.
@@ -342,7 +342,7 @@ def _timing(info: dict[str, Any], job: Job) -> None:
         info["cache"] = job.cache
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def wait_disconnect(request: Request) -> None:
     """Returns when the client closes the connection (the body has been read already)."""
     while True:
         message = await request.receive()
