@@ -1,4 +1,4 @@
-"""What fixed row blocks (``backends.torch.block_rows``, the invariance scheme on CPUs whose
+"""What fixed row blocks (``backends.rows.block_rows``, the invariance scheme on CPUs whose
 matmul kernels depend on the row count) cost per linear, for each block size, in one run:
 
 * a 512-row prefill through one blocked linear vs one unblocked call;
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from onepass.backends.torch import ROW_BLOCK, block_rows
+from onepass.backends.rows import ROW_BLOCK, block_rows
 
 
 def per_call_ms(fn, x: torch.Tensor, repeats: int) -> float:

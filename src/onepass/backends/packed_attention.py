@@ -8,7 +8,7 @@ then a function of its position, its query vector and its visible keys only, nev
 else the forward holds: a prefix read from the cache, a suffix among 16 others, a prompt
 prefilled in chunks and a greedy token decoded beside other streams compute bit-identical
 numbers to the same prompt alone on a cold cache (the decoder's linears are row-invariant
-from 2 rows on, which backends/torch.py's ``pad_short_rows`` guarantees: measured,
+from 2 rows on, which backends/rows.py's ``pad_short_rows`` guarantees: measured,
 tests/test_invariance.py).
 
 torch's CPU attention kernel splits queries and keys by sizes that follow the shapes it is

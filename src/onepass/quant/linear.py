@@ -16,11 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onepass.backends.rows import in_row_blocks
 from onepass.quant.formats import Codec, Tensors
 
 
 class QuantizedLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` decoded from ``codec`` tensors on every call."""
+
+    row_block: int | None = None  # rows per product (backends/rows.py), the decode once a call
 
     def __init__(self, codec: Codec, in_features: int, out_features: int, tensors: Tensors,
                  bias: torch.Tensor | None = None):
@@ -50,7 +53,7 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self.codec.decode_for_matmul(self.tensors(), self.in_features, x.dtype)
-        y = F.linear(x, weight)
+        y = in_row_blocks(lambda rows: F.linear(rows, weight), x, self.row_block)
         if scale is not None:
             y = y * scale
         return y if self.bias is None else y + self.bias.to(x.dtype)

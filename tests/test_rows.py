@@ -1,0 +1,89 @@
+"""Row-invariant linears (backends/rows.py): the fixed-block scheme gives a row the same bits
+in any call, a quantized linear decodes its weight once a call however many blocks it runs,
+and a training step (gradients on) runs one plain call."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from onepass.backends.rows import block_rows, in_row_blocks, make_rows_invariant
+from onepass.quant.formats import codec_for
+from onepass.quant.linear import QuantizedLinear
+
+
+def counting(module: nn.Module) -> list[int]:
+    """Rows of each call ``module``'s own forward receives."""
+    seen: list[int] = []
+    forward = module.forward
+
+    def counted(x, *args, **kwargs):
+        seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return forward(x, *args, **kwargs)
+
+    module.forward = counted
+    return seen
+
+
+@torch.inference_mode()
+def test_a_blocked_linear_gives_the_last_rows_the_same_bits_alone():
+    torch.manual_seed(0)
+    linear = nn.Linear(576, 1536)
+    x = torch.randn(700, 576)
+    block_rows(linear, 8)
+    whole = linear(x)
+    for rows in (1, 3, 8, 17, 256):
+        assert torch.equal(linear(x[-rows:]), whole[-rows:]), rows
+    assert whole.shape == (700, 1536)
+
+
+def test_every_call_is_exactly_one_block_and_the_padding_is_dropped():
+    linear = nn.Linear(16, 4)
+    seen = counting(linear)
+    block_rows(linear, 8)
+    x = torch.randn(2, 9, 16)  # 18 rows: 3 blocks, the last padded with 6 copies of row 0
+    with torch.inference_mode():
+        out = linear(x)
+    assert seen == [8, 8, 8]
+    assert out.shape == (2, 9, 4)
+    with torch.inference_mode():
+        assert torch.allclose(out, nn.functional.linear(x, linear.weight, linear.bias), atol=1e-6)
+
+
+def test_a_quantized_linear_decodes_once_a_call_and_blocks_its_product(monkeypatch):
+    torch.manual_seed(0)
+    quantized = QuantizedLinear.from_linear(nn.Linear(64, 32), codec_for("fp8"))
+    decodes = []
+    codec = type(quantized.codec)
+    decode = codec.decode_for_matmul
+    monkeypatch.setattr(codec, "decode_for_matmul",
+                        lambda *a: decodes.append(1) or decode(*a))
+    x = torch.randn(100, 64)
+    with torch.inference_mode():
+        plain = quantized(x)
+        block_rows(quantized, 8)
+        blocked = quantized(x)
+        assert quantized.row_block == 8 and len(decodes) == 2  # one a call: 13 blocks in this
+        alone = quantized(x[-3:])
+    assert torch.allclose(blocked, plain, atol=1e-5)
+    assert torch.equal(alone, blocked[-3:])
+
+
+def test_gradients_on_run_one_plain_call_and_train():
+    linear = nn.Linear(16, 4)
+    seen = counting(linear)
+    block_rows(linear, 8)
+    x = torch.randn(20, 16)
+    linear(x).sum().backward()
+    assert seen == [20] and linear.weight.grad is not None
+    assert torch.equal(in_row_blocks(torch.nn.functional.relu, x, None), x.relu())
+
+
+def test_the_load_time_probe_names_the_scheme_it_applied():
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 8))
+    scheme = make_rows_invariant(model)
+    assert scheme in ("padded", "blocked")
+    x = torch.randn(40, 32)
+    with torch.inference_mode():
+        whole = model(x)
+        assert torch.equal(model(x[-1:]), whole[-1:])  # whichever scheme, a row alone agrees
