@@ -37,6 +37,7 @@ def test_bench_writes_every_section(engine, data_dir, tmp_path):
                          "none+teach1"}
     for row in rows.values():
         assert row["n"] == 3 and 0 <= row["accuracy"] <= 1 and 0 <= row["ece"] <= 1
+        assert 0 < row["label_mass"] <= 1  # the median answer's mass on the option labels
     for debias in ("rotations", "rotations+content-free"):
         assert report["flip"][debias]["flip_rate"] == 0.0
         assert report["flip"][debias]["mean_tv"] < 1e-3
@@ -44,6 +45,7 @@ def test_bench_writes_every_section(engine, data_dir, tmp_path):
     folder = tmp_path / "bench"
     text = (folder / "REPORT.md").read_text()
     assert "| banking77 | rotations |" in text and "flip rate" in text
+    assert "| NLL | label mass | n |" in text
     assert json.loads((folder / "report.json").read_text())["limit"] == 3
     assert (folder / "reliability_banking77.png").stat().st_size > 5_000
     assert "banking77 rotations" in stages

@@ -63,7 +63,7 @@ def test_predictions_and_summary_per_type():
     assert confusion["matrix"] == [[0, 1, 0], [0, 0, 0], [0, 0, 1]]
 
 
-def test_eval_command_writes_report_plot_and_markdown(tmp_path):
+def test_eval_command_writes_report_plot_and_markdown(tmp_path, capsys):
     from onepass.cli import main
 
     base = tiny_base(tmp_path / "base")
@@ -86,6 +86,40 @@ def test_eval_command_writes_report_plot_and_markdown(tmp_path):
     markdown = (plots / "report.md").read_text()
     assert "10 equal-width bins" in markdown and "reliability.png" in markdown
     assert "Confusion for `team`" in markdown
+    # a random-weight model spreads its probability over the whole vocabulary: the labels get
+    # almost none of it, and eval says so
+    health = report["label_health"]
+    assert health["answers"] == 12 and 0 <= health["min_label_mass"] <= health[
+        "median_label_mass"] < 0.05 and health["low"] is True
+    err = " ".join(capsys.readouterr().err.split())
+    assert "label health: median label mass" in err
+    assert "warning: the median answer put less than 50% of the model's probability" in err
+
+
+def test_label_health_summarises_the_answers_diagnostics():
+    from onepass.evaluate import label_health
+
+    assert label_health([]) is None
+    health = label_health([{"label_mass": m, "argmax_is_label": m > 0.5}
+                           for m in (0.9, 0.2, 0.6, 0.4)])
+    assert health == {"answers": 4, "median_label_mass": pytest.approx(0.5),
+                      "min_label_mass": 0.2, "argmax_is_label": 0.5, "low": False}
+    assert label_health([{"label_mass": 0.3, "argmax_is_label": False}])["low"] is True
+
+
+def test_label_health_is_read_for_the_first_records_where_the_backend_can():
+    from types import SimpleNamespace
+
+    from onepass.evaluate import LABEL_HEALTH_RECORDS, diagnosed
+
+    request = parse_request({"state": "s", "questions": {"n": {"type": "noul",
+                                                               "instructions": "x"}}})
+    reads = SimpleNamespace(capabilities=SimpleNamespace(vocab_statistics=True))
+    assert diagnosed(reads, request, 0).diagnostics is True
+    assert diagnosed(reads, request, LABEL_HEALTH_RECORDS - 1).diagnostics is True
+    assert diagnosed(reads, request, LABEL_HEALTH_RECORDS) is request
+    blind = SimpleNamespace(capabilities=SimpleNamespace(vocab_statistics=False))
+    assert diagnosed(blind, request, 0) is request
 
 
 def test_eval_command_rejects_a_bad_dataset(tmp_path, capsys):

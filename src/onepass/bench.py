@@ -4,7 +4,9 @@ What it measures, every number from this one run (no torch here: the engine does
 
 * CLINC150 10-domain routing (test split), a fixed 10-intent BANKING77 subset (test split) and
   CLINC150 domain membership as a yes/no question (``clinc150-noul``, half yes): accuracy,
-  Brier, ECE and reliability diagrams for each setting: zero-shot (``none``), ``rotations``,
+  Brier, ECE, the median label mass (how much of its probability the model put on the option
+  labels over the first 50 records: low means the readout reads noise) and reliability
+  diagrams for each setting: zero-shot (``none``), ``rotations``,
   ``rotations+content-free`` (the blank-document prior divided out), each ``+calibration``
   (fitted on CLINC150 validation / BANKING77 train records, never on the scored ones), and
   ``+teach K`` (K examples per option from the train split, pinned as the system context);
@@ -131,11 +133,14 @@ def _balanced(rows: list[dict[str, Any]], question: str, limit: int, seed: int
 
 def quality(samples: Sequence[C.Sample], calibration: C.Calibration | None = None
             ) -> dict[str, Any]:
-    """Accuracy, NLL, Brier, ECE and the reliability bins of ``samples``."""
-    from onepass.evaluate import calibration_bins
+    """Accuracy, NLL, Brier, ECE, the reliability bins and the median label mass of
+    ``samples``."""
+    from onepass.evaluate import calibration_bins, label_health
     from onepass.readout import argmax_first
 
     row = C.metrics(samples, calibration)
+    health = label_health([s.diagnostics for s in samples if s.diagnostics is not None])
+    row["label_mass"] = health["median_label_mass"] if health else None
     probs = [calibration.apply(s.question, s.probabilities) if calibration else s.probabilities
              for s in samples]
     row["bins"] = calibration_bins([max(p) for p in probs],
@@ -313,14 +318,15 @@ def write(report: dict[str, Any], folder: Path) -> None:
         + ("with descriptions" if report["clinc150_descriptions"] else "by name only"),
         f"- {ECE_NOTE}; Brier: multi-class, averaged; calibration fitted on other records "
         "(CLINC150 validation, BANKING77 train)", "",
-        "| dataset | setting | accuracy | Brier | ECE | NLL | n |", "|---|---|---|---|---|---|---|",
+        "| dataset | setting | accuracy | Brier | ECE | NLL | label mass | n |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in report["results"].items():
         for setting, row in rows.items():
             extra = f" ({row['method']})" if "method" in row else ""
             lines.append(f"| {name} | {setting}{extra} | {_f(row['accuracy'])} | "
                          f"{_f(row['brier'])} | {_f(row['ece'])} | {_f(row['nll'])} | "
-                         f"{row['n']} |")
+                         f"{_f(row.get('label_mass'))} | {row['n']} |")
         try:
             reliability_diagram({s: r["bins"] for s, r in rows.items()},
                                 folder / f"reliability_{name}.png", f"{name}: reliability")

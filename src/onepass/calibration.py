@@ -213,21 +213,27 @@ class Sample:
     question: Any
     gold: int
     probabilities: tuple[float, ...]
+    diagnostics: dict[str, Any] | None = None  # the answer's label health, where read
 
 
 def collect(engine: Any, records: Sequence[Any], *, debias: str | None = None,
             on_record: Callable[[int], None] | None = None) -> list[Sample]:
-    """Answer every record with ``engine`` (calibration off) and keep the distributions."""
+    """Answer every record with ``engine`` (calibration off) and keep the distributions (and
+    the first records' label health where the backend reads it)."""
+    from onepass.evaluate import diagnosed
+
     saved, engine.calibration = engine.calibration, None
     try:
         samples = []
         for i, record in enumerate(records):
-            answers = engine.answer(record.request, debias=debias)["answers"]
+            answers = engine.answer(diagnosed(engine, record.request, i),
+                                    debias=debias)["answers"]
             for question, gold in zip(record.request.questions, record.answers):
                 if question.is_trivial:
                     continue
-                samples.append(Sample(question, gold, _distribution(question, answers[
-                    question.name])))
+                answer = answers[question.name]
+                samples.append(Sample(question, gold, _distribution(question, answer),
+                                      answer.get("diagnostics")))
             if on_record is not None:
                 on_record(i + 1)
         return samples

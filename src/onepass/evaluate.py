@@ -18,6 +18,8 @@ The metric functions are pure; plotting needs matplotlib (``pip install 'onepass
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -180,6 +182,41 @@ def compare_answers(
 
 # --------------------------------------------------------------------------- running
 
+LOW_LABEL_MASS = 0.5
+"""A dataset whose median answer put less of the model's probability than this on the option
+labels is read mostly from tokens the model did not mean to say: ``onepass eval`` warns."""
+
+
+LABEL_HEALTH_RECORDS = 50
+"""Records of a run whose answers carry label health: reading it projects each answer onto the
+whole vocabulary (~0.1 s a question for SmolLM2's 49k rows here, about what the answer itself
+costs), and the median of 50 is enough to say whether a dataset reads noise."""
+
+
+def diagnosed(engine: Any, request: Any, index: int) -> Any:
+    """``request`` (the run's ``index``-th) asking for each answer's label health, for the
+    first :data:`LABEL_HEALTH_RECORDS` records and where ``engine``'s backend reads the full
+    vocabulary (the answers' probabilities are the same either way)."""
+    if index < LABEL_HEALTH_RECORDS and getattr(getattr(engine, "capabilities", None),
+                                                "vocab_statistics", False):
+        return dataclasses.replace(request, diagnostics=True)
+    return request
+
+
+def label_health(diagnostics: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """How much the model meant the labels over a run's answers (each answer's
+    ``diagnostics``): the median and lowest label mass, the share of answers whose unrestricted
+    argmax was a label, and whether the median is below :data:`LOW_LABEL_MASS` (over the first
+    :data:`LABEL_HEALTH_RECORDS` records' answers). None when the backend reads no vocabulary
+    statistics."""
+    if not diagnostics:
+        return None
+    masses = [float(d["label_mass"]) for d in diagnostics]
+    median = statistics.median(masses)
+    return {"answers": len(masses), "median_label_mass": median, "min_label_mass": min(masses),
+            "argmax_is_label": sum(bool(d["argmax_is_label"]) for d in diagnostics)
+            / len(diagnostics), "low": median < LOW_LABEL_MASS}
+
 
 def evaluate(
     engine: Any,
@@ -194,19 +231,21 @@ def evaluate(
     from onepass.prompt import PROMPT_VERSION
 
     predictions: list[Prediction] = []
+    health: list[dict[str, Any]] = []
     trivial = 0
     tokens = 0
     start = time.perf_counter()
     for i, record in enumerate(records):
-        response = engine.answer(record.request)
+        response = engine.answer(diagnosed(engine, record.request, i))
         tokens += response["usage"]["input_tokens"]
         for question, gold in zip(record.request.questions, record.answers):
             if question.is_trivial:
                 trivial += 1
                 continue
-            predictions.append(prediction_from_answer(
-                question, gold, response["answers"][question.name], record.source
-            ))
+            answer = response["answers"][question.name]
+            if "diagnostics" in answer:
+                health.append(answer["diagnostics"])
+            predictions.append(prediction_from_answer(question, gold, answer, record.source))
         if on_record is not None:
             on_record(i + 1)
     seconds = time.perf_counter() - start
@@ -237,6 +276,7 @@ def evaluate(
             "input_tokens_per_second": tokens / seconds if seconds else None,
             "input_tokens": tokens,
         },
+        "label_health": label_health(health),
         "model": getattr(engine, "served_name", None),
         "prompt_version": PROMPT_VERSION,
         "predictions": [

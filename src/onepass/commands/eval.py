@@ -47,7 +47,13 @@ def run(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from onepass.evaluate import ECE_NOTE, evaluate, markdown_report, reliability_diagram
+    from onepass.evaluate import (
+        ECE_NOTE,
+        LOW_LABEL_MASS,
+        evaluate,
+        markdown_report,
+        reliability_diagram,
+    )
     from onepass.train.dataset import DatasetError, load_dataset
 
     console = Console(stderr=True)
@@ -93,4 +99,15 @@ def run(args: argparse.Namespace) -> int:
         extra = f"  MAE {q['mae']:.3f}" if "mae" in q else ""
         console.print(f"  {name}: accuracy {q['accuracy']:.3f}  Brier {q['brier']:.3f}  "
                       f"ECE {q['ece']:.3f}  n={q['n']}{extra}")
+    health = report["label_health"]
+    if health is not None:
+        console.print(f"label health: median label mass {health['median_label_mass']:.3f} "
+                      f"(lowest {health['min_label_mass']:.3f}); the model's own top token "
+                      f"was a label in {health['argmax_is_label']:.0%} of answers")
+        if health["low"]:
+            console.print(f"[bold yellow]warning:[/] the median answer put less than "
+                          f"{LOW_LABEL_MASS:.0%} of the model's probability on the option "
+                          "labels: the readout is choosing between tokens the model did not "
+                          "mean to say (try another prompt context, a larger model, or train "
+                          "for the decision position)")
     return 0
