@@ -4,7 +4,7 @@ written atomically and only after verification, and a bad part names the package
 from __future__ import annotations
 
 import hashlib
-import math
+import json
 import re
 import shutil
 from pathlib import Path
@@ -13,6 +13,8 @@ import pytest
 
 from onepass import models
 from onepass.models import ASSEMBLED, AssembledGGUF, ModelError, Part, assembled_gguf
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -211,16 +213,16 @@ def test_pull_without_install_names_the_missing_packages(tmp_path, monkeypatch, 
 def test_pull_says_what_the_model_costs_and_measures_a_request(capsys):
     """The embedded default (installed): disk, the weights' memory from the checkpoint's own
     parameter count, the served name, and a request timed on the loaded model."""
-    from safetensors import safe_open
+    from safetensors.torch import load_file
 
     from onepass.cli import main
-    from onepass.commands.pull import parameter_count
+    from onepass.commands.pull import MEASURED_REQUEST, parameter_count
 
     path = models.resolve().path
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        names = f.keys()
-        expected = sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+    expected = sum(t.numel() for t in load_file(path / "model.safetensors").values())
     assert parameter_count(path) == expected and 100e6 < expected < 200e6  # SmolLM2-135M
+    example = json.loads((ROOT / "examples" / "requests.jsonl").read_text().splitlines()[0])
+    assert {k: v for k, v in example.items() if k not in ("id", "model")} == MEASURED_REQUEST
     assert main(["pull", "smollm2-135m-instruct", "--no-install", "--measure"]) == 0
     out = capsys.readouterr().out
     gguf = models.EMBEDDED["smollm2-135m-instruct"]().stat().st_size

@@ -16,7 +16,7 @@ memory its weights take in each compute dtype, the name to serve and ask it by, 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import statistics
 import subprocess
 import sys
@@ -37,19 +37,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "first request of examples/requests.jsonl: 4 questions)")
 
 
-# the first request of examples/requests.jsonl: what --measure times
+# the first request of examples/requests.jsonl (less its id and model): what --measure times
 MEASURED_REQUEST = {
     "state": "Order #7710 arrived with a smashed box and a cracked vase inside. Delivery was 3 "
              "days ago and the customer asks what to do next.",
     "questions": {
         "refund_eligible": {"type": "noul", "instructions": "The customer is eligible for a "
                             "full refund under the store policy."},
-        "approved": {"type": "noul", "instructions": "The request is approved."},
+        "approved": {"type": "noul", "instructions": "The request is approved.",
+                     "criteria": {"yes": "Approved", "no": "Rejected"}},
         "responsible_department": {
             "type": "choice", "instructions": "Which department should handle this case?",
             "criteria": {"billing": "Double charges and payment errors",
                          "logistics": "Damaged, lost, or late shipments",
-                         "product_support": "Defective-item troubleshooting and replacements"}},
+                         "product_support": "Defective-item troubleshooting, replacements, and "
+                                            "setup help"}},
         "urgency": {"type": "score", "instructions": "How urgent is this case?",
                     "criteria": ["Routine", "Urgent", "Emergency"]},
     },
@@ -61,27 +63,25 @@ def _gb(size: float) -> str:
 
 
 def parameter_count(checkpoint: Path) -> int:
-    """The parameters of a converted checkpoint, from its safetensors headers (nothing loaded)."""
+    """The parameters of a converted checkpoint, from its safetensors headers (no tensor is
+    read)."""
+    from safetensors import safe_open
+
     total = 0
     for path in sorted(checkpoint.glob("*.safetensors")):
-        with path.open("rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count
+        with safe_open(str(path), "pt") as f:
+            names = f.keys()
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in names)
     return total
 
 
-def footprint(alias: str, checkpoint: Path, gguf: Path | None) -> list[str]:
+def footprint(alias: str, checkpoint: Path, gguf: Path) -> list[str]:
     """What ``alias`` costs on disk and in memory, and the name to use for it."""
     converted = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     params = parameter_count(checkpoint)
-    source = f"{_gb(gguf.stat().st_size)} GGUF + " if gguf is not None else ""
     return [
-        f"disk: {source}{_gb(converted)} converted checkpoint ({checkpoint})",
+        f"disk: {_gb(gguf.stat().st_size)} GGUF + {_gb(converted)} converted checkpoint "
+        f"({checkpoint})",
         f"memory: {params / 1e6:,.0f}M parameters: about {_gb(params * 2)} of weights in "
         f"bfloat16 (the default where the CPU has bfloat16 units), {_gb(params * 4)} in float32",
         f"serve it: onepass serve --model {alias}   (clients send \"model\": \"{alias}\")",
