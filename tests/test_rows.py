@@ -40,7 +40,7 @@ def test_a_blocked_linear_gives_the_last_rows_the_same_bits_alone():
 def test_every_call_is_exactly_one_block_and_the_padding_is_dropped():
     linear = nn.Linear(16, 4)
     seen = counting(linear)
-    block_rows(linear, 8)
+    block_rows(linear, 8, batched=False)
     x = torch.randn(2, 9, 16)  # 18 rows: 3 blocks, the last padded with 6 copies of row 0
     with torch.inference_mode():
         out = linear(x)
@@ -48,6 +48,27 @@ def test_every_call_is_exactly_one_block_and_the_padding_is_dropped():
     assert out.shape == (2, 9, 4)
     with torch.inference_mode():
         assert torch.allclose(out, nn.functional.linear(x, linear.weight, linear.bias), atol=1e-6)
+
+
+def test_the_batched_blocks_are_one_matmul_of_block_sized_products(monkeypatch):
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 4)
+    block_rows(linear, 8)
+    shapes = []
+    bmm = torch.baddbmm
+    monkeypatch.setattr(torch, "baddbmm", lambda b, x, w: shapes.append(tuple(x.shape)) or
+                        bmm(b, x, w))
+    x = torch.randn(2, 9, 16)
+    with torch.inference_mode():
+        out = linear(x)
+    assert shapes == [(3, 8, 16)]  # one call, three 8-row products (the last padded)
+    assert out.shape == (2, 9, 4)
+    assert torch.allclose(out, nn.functional.linear(x, linear.weight, linear.bias), atol=1e-6)
+    block_rows(linear, 4, batched=False)  # again: the scheme is replaced, not stacked
+    seen = counting(linear)
+    with torch.inference_mode():
+        linear(x)
+    assert shapes == [(3, 8, 16)] and seen == [18]
 
 
 def test_a_quantized_linear_decodes_once_a_call_and_blocks_its_product(monkeypatch):
@@ -72,17 +93,23 @@ def test_a_quantized_linear_decodes_once_a_call_and_blocks_its_product(monkeypat
 def test_gradients_on_run_one_plain_call_and_train():
     linear = nn.Linear(16, 4)
     seen = counting(linear)
-    block_rows(linear, 8)
+    block_rows(linear, 8, batched=False)
     x = torch.randn(20, 16)
     linear(x).sum().backward()
     assert seen == [20] and linear.weight.grad is not None
     assert torch.equal(in_row_blocks(torch.nn.functional.relu, x, None), x.relu())
+    batched = nn.Linear(16, 4)
+    block_rows(batched, 8)
+    out = batched(x)
+    out.sum().backward()
+    assert batched.weight.grad is not None
+    assert torch.equal(out, nn.functional.linear(x, batched.weight, batched.bias))
 
 
 def test_the_load_time_probe_names_the_scheme_it_applied():
     model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 8))
     scheme = make_rows_invariant(model)
-    assert scheme in ("padded", "blocked")
+    assert scheme in ("padded", "blocked", "blocked per call")
     x = torch.randn(40, 32)
     with torch.inference_mode():
         whole = model(x)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 
 def min_rows(dtype: torch.dtype) -> int:
@@ -36,12 +37,24 @@ and 0.9x on a decode step, block 8 1.5x and 1.4x (the default), block 32 1.2x an
 bfloat16 block 32 3.3x and 1.6x, block 64 2.4x and 2.3x."""
 
 
+BATCHED_BLOCKS = {torch.float32: True}
+"""Dtypes whose blocks run as one batched matmul (:func:`linear_in_row_blocks`): float32's
+``bmm`` runs each block through the kernel a block alone takes, for about a plain call's cost
+(a 512-row prefill in 8-row blocks: 1.12x an unblocked call, against 1.66x for a call per
+block; AMD EPYC, 2 threads, ``benchmarks/row_blocks.py``); bfloat16's ``bmm`` takes a slow path
+on CPU (4.6x for 32-row blocks, against 1.8x per call), so bfloat16 blocks run a call each."""
+
+
 def make_rows_invariant(model: Any) -> str:
     """Make every linear of ``model`` give a row the same bits whatever else its call holds,
-    on this CPU: ``"padded"`` (:func:`pad_short_rows`: enough where the kernels agree from
-    :func:`min_rows` rows on) when a probe of the model's own linears at row counts from 1 to
-    700 finds that enough, else ``"blocked"`` (:func:`block_rows`: every call exactly
-    :data:`ROW_BLOCK` rows, by construction). Once, at load."""
+    on this CPU, by the cheapest scheme a probe of the model's own linears (row counts from 1
+    to 700) finds sufficient, once, at load:
+
+    * ``"padded"`` (:func:`pad_short_rows`): where the kernels agree from :func:`min_rows` rows on;
+    * ``"blocked"``: every product on fixed :data:`ROW_BLOCK`-row blocks, all of a call's
+      blocks in one batched matmul, for the dtypes in :data:`BATCHED_BLOCKS` where the probe
+      finds that invariant;
+    * ``"blocked per call"``: one call per block, invariant by construction, otherwise."""
     pad_short_rows(model)
     floats = (torch.float32, torch.bfloat16, torch.float16)  # the activations' dtype, not a code
     dtype = next((p.dtype for p in model.parameters() if p.dtype in floats), torch.float32)
@@ -49,9 +62,15 @@ def make_rows_invariant(model: Any) -> str:
     shapes = {(m.in_features, m.out_features): m for m in linears}  # one probe per shape
     if all(_rows_agree(m, dtype) for m in shapes.values()):
         return "padded"
+    block = ROW_BLOCK.get(dtype, 8)
+    if BATCHED_BLOCKS.get(dtype, False):
+        for module in linears:
+            block_rows(module, block)
+        if all(_rows_agree(m, dtype) for m in shapes.values()):
+            return "blocked"
     for module in linears:
-        block_rows(module, ROW_BLOCK.get(dtype, 8))
-    return "blocked"
+        block_rows(module, block, batched=False)
+    return "blocked per call"
 
 
 @torch.inference_mode()
@@ -67,32 +86,68 @@ def _rows_agree(module: Any, dtype: torch.dtype) -> bool:
                for rows in (1, 2, 3, 5, 8, 17, 32, 33, 64, 128, 256))
 
 
+def _padded_to_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
+    """``x``'s rows, flat, the last block padded with copies of the first row; the row count."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    if rows % block:
+        flat = torch.cat([flat, flat[:1].expand(block - rows % block, -1)])
+    return flat, rows
+
+
+def _unblocked(x: torch.Tensor, block: int | None) -> bool:
+    """Whether a product over ``x`` runs as one plain call: no block, no rows, or gradients on
+    (training needs gradients, not last bits)."""
+    return not block or x.numel() == 0 or torch.is_grad_enabled()
+
+
 def in_row_blocks(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                   block: int | None) -> torch.Tensor:
     """``product(x)`` computed ``block`` rows per call: the rows split into blocks, the last
     padded with copies of the first row, the padding's outputs dropped. One plain call when
-    ``block`` is None or gradients are enabled (training needs gradients, not last bits)."""
-    flat = x.reshape(-1, x.shape[-1])
-    rows = flat.shape[0]
-    if not block or rows == 0 or torch.is_grad_enabled():
+    :func:`_unblocked`."""
+    if _unblocked(x, block):
         return product(x)
-    if rows % block:
-        flat = torch.cat([flat, flat[:1].expand(block - rows % block, -1)])
+    flat, rows = _padded_to_blocks(x, block)
     out = torch.cat([product(part) for part in flat.split(block)])
     return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
 
 
-def block_rows(module: Any, block: int) -> None:
-    """Run ``module`` on ``block`` rows per call, always (:func:`in_row_blocks`). A module
-    with a ``row_block`` attribute blocks its own product (a quantized linear decodes its
-    weight once per call, not once per block)."""
-    if hasattr(module, "row_block"):
-        module.row_block = block
-        return
-    forward = module.forward
+def linear_in_row_blocks(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         block: int | None, batched: bool = True) -> torch.Tensor:
+    """``x W^T + b`` on ``block``-row blocks: all blocks in one batched matmul (``batched``: a
+    ``bmm`` runs each block as its own product of one shape, without a call per block) or one
+    call per block (:func:`in_row_blocks`)."""
+    if _unblocked(x, block) or not batched:
+        return in_row_blocks(lambda rows: F.linear(rows, weight, bias), x, block)
+    flat, rows = _padded_to_blocks(x, block)
+    blocks = flat.view(-1, block, flat.shape[-1])
+    weights = weight.t().expand(blocks.shape[0], -1, -1)
+    if bias is None:
+        out = torch.bmm(blocks, weights)
+    else:
+        out = torch.baddbmm(bias.expand(blocks.shape[0], block, -1), blocks, weights)
+    return out.reshape(-1, weight.shape[0])[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
-    def blocked(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return in_row_blocks(lambda rows: forward(rows, *args, **kwargs), x, block)
+
+def block_rows(module: Any, block: int, batched: bool = True) -> None:
+    """Run ``module`` on ``block`` rows per product, always: a plain ``nn.Linear`` all blocks
+    in one batched matmul (``batched``, :func:`linear_in_row_blocks`), else one call of its
+    forward per block (:func:`in_row_blocks`).
+    A module with a ``row_block`` attribute blocks its own product (a quantized linear decodes
+    its weight once per call, not once per block). Calling it again replaces the scheme."""
+    if hasattr(module, "row_block"):
+        module.row_block, module.row_batched = block, batched
+        return
+    forward = module.__dict__.setdefault("_onepass_plain_forward", module.forward)
+    if batched and type(module).forward is torch.nn.Linear.forward:
+
+        def blocked(x: torch.Tensor) -> torch.Tensor:
+            return linear_in_row_blocks(x, module.weight, module.bias, block, batched)
+    else:
+
+        def blocked(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return in_row_blocks(lambda rows: forward(rows, *args, **kwargs), x, block)
 
     module.forward = blocked
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onepass.backends.rows import in_row_blocks
+from onepass.backends.rows import linear_in_row_blocks
 from onepass.quant.formats import Codec, Tensors
 
 
@@ -24,6 +24,7 @@ class QuantizedLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` decoded from ``codec`` tensors on every call."""
 
     row_block: int | None = None  # rows per product (backends/rows.py), the decode once a call
+    row_batched: bool = True  # the blocks in one batched matmul (backends/rows.py)
 
     def __init__(self, codec: Codec, in_features: int, out_features: int, tensors: Tensors,
                  bias: torch.Tensor | None = None):
@@ -53,7 +54,7 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self.codec.decode_for_matmul(self.tensors(), self.in_features, x.dtype)
-        y = in_row_blocks(lambda rows: F.linear(rows, weight), x, self.row_block)
+        y = linear_in_row_blocks(x, weight, None, self.row_block, self.row_batched)
         if scale is not None:
             y = y * scale
         return y if self.bias is None else y + self.bias.to(x.dtype)
