@@ -203,6 +203,13 @@ def test_fit_temperature_recovers_the_temperature_that_drew_the_labels():
     # an already calibrated reading keeps T ~ 1
     assert fit_temperature([[x / 2.5 for x in r] for r in rows], golds) == pytest.approx(
         1.0, rel=0.08)
+    # the target distributions themselves (distillation's golds) fix T exactly, one-hot
+    # targets read as their indices
+    targets = [(np.exp(np.array(r) / 2.5) / np.exp(np.array(r) / 2.5).sum()).tolist()
+               for r in rows[:200]]
+    assert fit_temperature(rows[:200], targets) == pytest.approx(2.5, rel=1e-4)
+    one_hot = [[float(i == g) for i in range(len(r))] for r, g in zip(rows, golds)]
+    assert temperature_nll(rows, one_hot, 1.7) == temperature_nll(rows, golds, 1.7)
 
 
 def test_a_bundled_calibration_is_adopted_for_the_served_identity(tmp_path):

@@ -18,6 +18,7 @@ NOUL = {"type": "noul", "instructions": "Refund?", "answer": "yes"}
 SCORE = {"type": "score", "instructions": "Urgent?",
          "criteria": ["Routine", "Urgent", "Emergency"], "answer": "Urgent"}
 GOOD = {"state": "charged twice", "questions": {"refund": NOUL, "dept": CHOICE, "urg": SCORE}}
+SOFT = {k: v for k, v in CHOICE.items() if k != "answer"}
 
 
 def write_lines(tmp_path: Path, lines: list, name: str = "data.jsonl") -> Path:
@@ -73,6 +74,32 @@ def test_blank_lines_are_skipped_and_line_numbers_stay_true(tmp_path):
          "questions.q.answer: expected a level name"),
         ({"state": "s", "questions": {"q": {"type": "box", "instructions": "x",
                                             "answer": "a"}}}, "questions.q.type"),
+        # soft targets (distillation), attacked field by field
+        ({"state": "s", "questions": {"q": {**NOUL, "probabilities": {"yes": 1, "no": 0}}}},
+         "questions.q: give 'answer' or 'probabilities', not both"),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": [0.5, 0.5]}}},
+         "questions.q.probabilities: expected an object of probabilities by option"),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": {}}}},
+         "questions.q.probabilities: expected an object"),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": {"billing": 1.0}}}},
+         "questions.q.probabilities: missing a probability for 'technical'"),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": {
+            "billing": 0.5, "technical": 0.4, "sales": 0.1}}}},
+         "questions.q.probabilities: key \"sales\": expected an option name"),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": {
+            "billing": -0.5, "technical": 1.5}}}},
+         "questions.q.probabilities: billing: expected a probability in [0, 1], got -0.5"),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": {
+            "billing": True, "technical": 0.0}}}}, "got true"),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": {
+            "billing": "0.5", "technical": 0.5}}}}, "got \"0.5\""),
+        ({"state": "s", "questions": {"q": {**SOFT, "probabilities": {
+            "billing": 0.5, "technical": 0.4}}}}, "sum to 0.9, not 1"),
+        ('{"state": "s", "questions": {"q": {"type": "noul", "instructions": "x", '
+         '"probabilities": {"yes": NaN, "no": 0.5}}}}', "yes: expected a probability"),
+        ({"state": "s", "questions": {"q": {"type": "noul", "instructions": "x",
+                                            "probabilities": {"yes": 0.5, "Yes": 0.5}}}},
+         "key \"Yes\": names an option already given"),
     ],
 )
 def test_each_error_names_file_and_line(tmp_path, bad, fragment):
@@ -81,6 +108,21 @@ def test_each_error_names_file_and_line(tmp_path, bad, fragment):
     assert err.path == str(path) and err.line == 3
     assert str(err).startswith(f"{path}:3: ")
     assert fragment in str(err)
+
+
+def test_a_target_distribution_is_kept_in_option_order_and_its_argmax_is_the_answer(tmp_path):
+    record = {"state": "charged twice", "questions": {
+        "refund": {"type": "noul", "instructions": "Refund?",
+                   "probabilities": {"no": 0.2, "yes": 0.8}},
+        "dept": {**SOFT, "probabilities": {"technical": 0.3, "billing": 0.6999}},
+        "urg": SCORE}}
+    (parsed,) = load_dataset(write_lines(tmp_path, [record]))
+    assert parsed.answers == (0, 0, 1)
+    refund, dept, urg = parsed.distributions
+    assert refund == pytest.approx((0.8, 0.2)) and urg is None
+    assert dept == pytest.approx((0.6999 / 0.9999, 0.3 / 0.9999))  # normalised
+    assert sum(dept) == pytest.approx(1.0, abs=1e-12)
+    assert "probabilities" not in json.dumps(parsed.request.questions[0].instructions)
 
 
 def test_custom_noul_labels_and_true_false_keys(tmp_path):

@@ -419,20 +419,38 @@ def _padded(rows: Sequence[Sequence[float]]) -> np.ndarray:
     return out
 
 
-def temperature_nll(log_probs: Sequence[Sequence[float]] | np.ndarray, golds: Sequence[int],
+def _target_matrix(golds: Sequence[int] | Sequence[Sequence[float]], shape: tuple[int, int]
+                   ) -> np.ndarray:
+    """The golds as one target distribution per row: a gold index one-hot, a target
+    distribution (distillation) as given, padded with 0."""
+    out = np.zeros(shape)
+    for i, gold in enumerate(golds):
+        if isinstance(gold, (int, np.integer)):
+            out[i, gold] = 1.0
+        else:
+            out[i, : len(gold)] = gold
+    return out
+
+
+def temperature_nll(log_probs: Sequence[Sequence[float]] | np.ndarray,
+                    golds: Sequence[int] | Sequence[Sequence[float]],
                     temperature: float) -> float:
     """Mean negative log-likelihood of the golds under ``softmax(log p / T)``, each row over
-    its own options (rows may differ in length)."""
+    its own options (rows may differ in length); a gold is an option index or a target
+    distribution over the row's options (the cross-entropy against it)."""
     z = log_probs if isinstance(log_probs, np.ndarray) else _padded(log_probs)
     if not len(z):
         return 0.0
     scaled = z / temperature
     top = scaled.max(axis=1)
     lse = top + np.log(np.exp(scaled - top[:, None]).sum(axis=1))
-    return float((lse - scaled[np.arange(len(z)), np.asarray(golds)]).mean())
+    targets = _target_matrix(golds, z.shape)
+    return float((lse - (targets * np.where(np.isfinite(scaled), scaled, 0.0)).sum(axis=1))
+                 .mean())
 
 
-def fit_temperature(log_probs: Sequence[Sequence[float]], golds: Sequence[int]) -> float:
+def fit_temperature(log_probs: Sequence[Sequence[float]],
+                    golds: Sequence[int] | Sequence[Sequence[float]]) -> float:
     """The ``T`` in ``[1/e^4, e^4]`` minimising :func:`temperature_nll` over finite logits or
     log-probabilities (rows of any length): temperature scaling (Guo et al. 2017). One
     parameter, so a few dozen held-out questions fit it, and it never changes which option is

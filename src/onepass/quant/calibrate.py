@@ -40,6 +40,7 @@ from onepass.quant.formats import (
     decode_e8m0,
 )
 from onepass.quant.linear import decoder_linears
+from onepass.train.dataset import TARGET_KEYS
 
 CALIBRATION_DATASETS = ("shipped", "clinc150", "banking77")
 DEFAULT_SAMPLES = 32
@@ -112,7 +113,7 @@ def calibration_requests(source: str | None, samples: int, data_dir: Path,
                 break
         if not records:
             raise CalibrationError(f"--calibration-dataset {path}: no records")
-    return [{**r, "questions": {name: {k: v for k, v in q.items() if k != "answer"}
+    return [{**r, "questions": {name: {k: v for k, v in q.items() if k not in TARGET_KEYS}
                                 if isinstance(q, dict) else q
                                 for name, q in r["questions"].items()}} for r in records]
 

@@ -1,4 +1,6 @@
-"""Jev-native datasets: System One requests whose questions also carry the gold ``answer``.
+"""Jev-native datasets: System One requests whose questions also carry the gold ``answer``, or
+a target distribution ``probabilities`` (distillation: a teacher's answer, one probability per
+candidate, named as an ``answer`` would be).
 
 Accepted files (extension case-insensitive): ``.jsonl`` (one record per line), ``.json`` holding
 one record or an array of records. Every problem is a :class:`DatasetError` naming the file and
@@ -22,7 +24,9 @@ from typing import Any
 from onepass.contract import ContractError, DecisionRequest, Question, parse_request
 
 RECORD_KEYS = ("state", "questions")
-QUESTION_KEYS = ("type", "instructions", "criteria", "answer")
+QUESTION_KEYS = ("type", "instructions", "criteria", "answer", "probabilities")
+TARGET_KEYS = ("answer", "probabilities")
+PROBABILITY_SUM_TOLERANCE = 1e-3  # a teacher's rounded probabilities still name a distribution
 
 
 class DatasetError(ValueError):
@@ -40,13 +44,16 @@ class DatasetError(ValueError):
 class Record:
     """One validated record: the request the server would see and the gold option indices.
 
-    ``answers[i]`` is the index into ``request.questions[i].options`` of the gold answer.
+    ``answers[i]`` is the index into ``request.questions[i].options`` of the gold answer (a
+    target distribution's first most probable option); ``distributions[i]`` the target
+    distribution over those options, or None for a gold answer.
     """
 
     request: DecisionRequest
     answers: tuple[int, ...]
     source: str  # "file:line", for messages
     raw: dict[str, Any]
+    distributions: tuple[tuple[float, ...] | None, ...] = ()
 
     @property
     def questions(self) -> tuple[Question, ...]:
@@ -90,6 +97,35 @@ def answer_index(question: Question, answer: Any) -> int:
     )
 
 
+def target_distribution(question: Question, probabilities: Any) -> tuple[float, ...]:
+    """``probabilities`` (one finite, non-negative number per candidate, keyed as an
+    ``answer`` names it, summing to 1) in the question's option order, normalised; or
+    ValueError naming the offending key."""
+    if not isinstance(probabilities, dict) or not probabilities:
+        raise ValueError(f"expected an object of probabilities by option, got "
+                         f"{_describe(probabilities)}")
+    out: list[float | None] = [None] * len(question.options)
+    for key, value in probabilities.items():
+        try:
+            index = answer_index(question, key)
+        except ValueError as exc:
+            raise ValueError(f"key {_describe(key)}: {exc}") from None
+        if out[index] is not None:
+            raise ValueError(f"key {_describe(key)}: names an option already given")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0.0 <= value <= 1.0):
+            raise ValueError(f"{key}: expected a probability in [0, 1], got {_describe(value)}")
+        out[index] = float(value)
+    missing = [o for o, p in zip(question.options, out) if p is None]
+    if missing:
+        raise ValueError(f"missing a probability for {missing[0]!r}: every candidate needs one")
+    total = sum(out)  # type: ignore[arg-type]
+    if abs(total - 1.0) > PROBABILITY_SUM_TOLERANCE:
+        raise ValueError(f"the probabilities sum to {total:.6g}, not 1 "
+                         f"(tolerance {PROBABILITY_SUM_TOLERANCE})")
+    return tuple(p / total for p in out)  # type: ignore[operator]
+
+
 def parse_record(raw: Any, path: str | Path, line: int | None) -> Record:
     """Validate one decoded record (see the module docstring for the rules)."""
 
@@ -110,12 +146,16 @@ def parse_record(raw: Any, path: str | Path, line: int | None) -> Record:
             if extra:
                 raise fail(
                     f"questions.{name}: unknown key {extra[0]!r}; a question is the contract "
-                    "shape ('type', 'instructions', 'criteria') plus 'answer'"
+                    "shape ('type', 'instructions', 'criteria') plus 'answer' or 'probabilities'"
                 )
-            if "answer" not in q:
-                raise fail(f"questions.{name}: missing 'answer'")
+            given = [k for k in TARGET_KEYS if k in q]
+            if not given:
+                raise fail(f"questions.{name}: missing 'answer' (or 'probabilities')")
+            if len(given) > 1:
+                raise fail(f"questions.{name}: give 'answer' or 'probabilities', not both")
         stripped = {
-            name: ({k: v for k, v in q.items() if k != "answer"} if isinstance(q, dict) else q)
+            name: ({k: v for k, v in q.items() if k not in TARGET_KEYS}
+                   if isinstance(q, dict) else q)
             for name, q in questions.items()
         }
     else:
@@ -125,13 +165,22 @@ def parse_record(raw: Any, path: str | Path, line: int | None) -> Record:
                                 if "state" in raw else {"questions": stripped})
     except ContractError as exc:
         raise fail(str(exc)) from None
-    answers = []
+    answers, distributions = [], []
     for q in request.questions:
+        given = questions[q.name]
+        key = "answer" if "answer" in given else "probabilities"
         try:
-            answers.append(answer_index(q, questions[q.name]["answer"]))
+            if key == "answer":
+                answers.append(answer_index(q, given["answer"]))
+                distributions.append(None)
+            else:
+                p = target_distribution(q, given["probabilities"])
+                answers.append(p.index(max(p)))
+                distributions.append(p)
         except ValueError as exc:
-            raise fail(f"questions.{q.name}.answer: {exc}") from None
-    return Record(request, tuple(answers), f"{path}:{line}" if line else str(path), raw)
+            raise fail(f"questions.{q.name}.{key}: {exc}") from None
+    return Record(request, tuple(answers), f"{path}:{line}" if line else str(path), raw,
+                  tuple(distributions))
 
 
 def _json_array_lines(text: str, path: Path) -> list[tuple[Any, int]]:

@@ -52,7 +52,8 @@ ADAPTER_METHODS = ("lora", "qlora")
 
 @dataclass(frozen=True)
 class Example:
-    """One trainable decision: the whole prompt's tokens, its candidates, the gold index."""
+    """One trainable decision: the whole prompt's tokens, its candidates, the gold index (and
+    the target distribution over the candidates, in their order, where the record gave one)."""
 
     ids: tuple[int, ...]
     candidates: tuple[int, ...]
@@ -60,6 +61,7 @@ class Example:
     source: str  # file:line
     question: str
     type: str = "choice"  # noul, choice or score: each type gets its own fitted temperature
+    distribution: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -98,6 +100,7 @@ def encode_records(engine: Any, records: Sequence[Record], max_length: int,
     examples = []
     for record in records:
         answers = {q.name: a for q, a in zip(record.request.questions, record.answers)}
+        soft = dict(zip((q.name for q in record.request.questions), record.distributions))
         chosen = {q.name: rng.choice(readings(q))
                   for q in record.request.questions if not q.is_trivial}
         live, prefix, suffixes = engine.prompt_tokens(
@@ -111,9 +114,11 @@ def encode_records(engine: Any, records: Sequence[Record], max_length: int,
                     f"questions.{q.name}: the prompt has {len(ids)} tokens, over "
                     f"max_sequence_length {max_length}; nothing is truncated",
                 )
+            order = chosen[q.name][1]  # the reading's options, as declared indices
+            p = soft.get(q.name)
             examples.append(Example(
-                ids, tuple(lb.token_id for lb in pos.labels),
-                chosen[q.name][1].index(answers[q.name]), record.source, q.name, q.type,
+                ids, tuple(lb.token_id for lb in pos.labels), order.index(answers[q.name]),
+                record.source, q.name, q.type, None if p is None else tuple(p[i] for i in order),
             ))
     return examples
 
@@ -258,7 +263,8 @@ def batches(examples: Sequence[Example], size: int) -> list[list[Example]]:
 
 def collate(examples: Sequence[Example], device: torch.device) -> Batch:
     return Batch.collate(
-        [e.ids for e in examples], [e.candidates for e in examples], [e.target for e in examples]
+        [e.ids for e in examples], [e.candidates for e in examples],
+        [e.target for e in examples], distributions=[e.distribution for e in examples],
     ).to(device)
 
 
@@ -288,7 +294,7 @@ def validate(
         batch = collate(group, device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = decision_logits(lm, batch)
-        losses += restricted_cross_entropy(logits, batch.targets, "none").tolist()
+        losses += restricted_cross_entropy(logits, batch.distributions, "none").tolist()
         probs = torch.softmax(logits, dim=-1)
         top, pred = probs.max(dim=-1)
         confidences += top.tolist()
@@ -314,15 +320,17 @@ def fit_calibration(examples: Sequence[Example], logits: Sequence[Sequence[float
     cal = Calibration(identity=dict(identity), method="temperature", debias=debias)
     report: dict[str, Any] = {"fitted_on": "validation", "examples": len(examples)}
     for kind in sorted({e.type for e in examples}):
-        rows = [(r, e.target) for e, r in zip(examples, logits) if e.type == kind]
-        z, golds = [r for r, _ in rows], [g for _, g in rows]
-        temperature = fit_temperature(z, golds)
+        kept = [(r, e) for e, r in zip(examples, logits) if e.type == kind]
+        z, golds = [r for r, _ in kept], [e.target for _, e in kept]
+        # fitted to the targets trained on: a target distribution where one was given
+        targets = [e.target if e.distribution is None else e.distribution for _, e in kept]
+        temperature = fit_temperature(z, targets)
         cal.type_temperature[kind] = temperature
         scaled = [torch.softmax(torch.tensor(r) / temperature, -1).tolist() for r in z]
         plain = [torch.softmax(torch.tensor(r), -1).tolist() for r in z]
         report[kind] = {
-            "temperature": temperature, "examples": len(rows),
-            "nll": [temperature_nll(z, golds, 1.0), temperature_nll(z, golds, temperature)],
+            "temperature": temperature, "examples": len(kept),
+            "nll": [temperature_nll(z, targets, 1.0), temperature_nll(z, targets, temperature)],
             "ece": [_top_ece(plain, golds), _top_ece(scaled, golds)],
         }
     cal.report = report
@@ -552,7 +560,7 @@ def train(
                     batch = collate(group, device)
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                         logits = decision_logits(lm, batch)
-                    loss = restricted_cross_entropy(logits, batch.targets, "sum")
+                    loss = restricted_cross_entropy(logits, batch.distributions, "sum")
                     (loss / n_window).backward()
                     state["epoch_loss_sum"] += loss.item()
                     state["epoch_questions"] += len(group)

@@ -4,7 +4,9 @@ The server reads the logits of the candidate labels at the last prompt position 
 softmax over those candidates only (:func:`onepass.readout.restricted_softmax`). The trainer
 minimises exactly ``-log`` of the gold candidate's share of that softmax, computed from the
 same hidden state and the same output rows (soft-capped like the backend does), so what is
-optimised is what is served. Temperature is 1 during training.
+optimised is what is served. Temperature is 1 during training. A question with a target
+distribution instead of one gold candidate (distillation: a teacher's answer) is trained on the
+cross-entropy against that distribution, the KL divergence from it plus its fixed entropy.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 
 @dataclass
 class Batch:
-    """Right-padded prompts with their candidate labels and gold candidate index.
+    """Right-padded prompts with their candidate labels, gold candidate index and target
+    distribution over the candidates (one-hot at the gold one unless a soft target was given).
 
     With right padding and causal attention, no real token ever sees a pad token, so no
     attention mask is needed; ``last`` is each row's last real position.
@@ -28,7 +31,8 @@ class Batch:
     last: torch.Tensor  # [B]
     candidates: torch.Tensor  # [B, K] token ids, padded with 0
     candidate_mask: torch.Tensor  # [B, K] bool, True for real candidates
-    targets: torch.Tensor  # [B] index of the gold candidate
+    targets: torch.Tensor  # [B] index of the gold candidate (a soft target's first argmax)
+    distributions: torch.Tensor  # [B, K] float32 target probabilities, 0 on padded candidates
 
     @property
     def tokens(self) -> int:
@@ -41,27 +45,36 @@ class Batch:
         candidates: Sequence[Sequence[int]],
         targets: Sequence[int],
         pad_id: int = 0,
+        distributions: Sequence[Sequence[float] | None] | None = None,
     ) -> Batch:
         length = max(len(s) for s in sequences)
         width = max(len(c) for c in candidates)
         ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
         cand = torch.zeros((len(sequences), width), dtype=torch.long)
         mask = torch.zeros((len(sequences), width), dtype=torch.bool)
-        for i, (seq, cands) in enumerate(zip(sequences, candidates)):
+        dist = torch.zeros((len(sequences), width), dtype=torch.float32)
+        soft = distributions or [None] * len(sequences)
+        for i, (seq, cands, target, p) in enumerate(zip(sequences, candidates, targets, soft)):
             ids[i, : len(seq)] = torch.tensor(list(seq))
             cand[i, : len(cands)] = torch.tensor(list(cands))
             mask[i, : len(cands)] = True
+            if p is None:
+                dist[i, target] = 1.0
+            else:
+                dist[i, : len(cands)] = torch.tensor(list(p), dtype=torch.float32)
         return cls(
             ids,
             torch.tensor([len(s) - 1 for s in sequences]),
             cand,
             mask,
             torch.tensor(list(targets), dtype=torch.long),
+            dist,
         )
 
     def to(self, device: torch.device) -> Batch:
         return Batch(*(t.to(device) for t in (
-            self.input_ids, self.last, self.candidates, self.candidate_mask, self.targets)))
+            self.input_ids, self.last, self.candidates, self.candidate_mask, self.targets,
+            self.distributions)))
 
 
 def final_softcap(model: Any) -> float | None:
@@ -94,8 +107,15 @@ def decision_logits(model: Any, batch: Batch) -> torch.Tensor:
 def restricted_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 ) -> torch.Tensor:
-    """``-log softmax(logits)[target]`` over the candidates (padded ones are -inf)."""
-    losses = torch.logsumexp(logits, dim=-1) - logits.gather(1, targets[:, None])[:, 0]
+    """Cross-entropy over the candidates (padded ones are -inf): ``targets`` either the gold
+    candidate's index per row (``[B]``, integers: ``-log softmax(logits)[target]``) or a target
+    distribution per row (``[B, K]``, floats, 0 on padded candidates:
+    ``-sum p log softmax(logits)``, which a one-hot row reads exactly as its index)."""
+    if targets.is_floating_point():
+        finite = logits.masked_fill(torch.isinf(logits), 0.0)
+        losses = torch.logsumexp(logits, dim=-1) - (targets * finite).sum(dim=-1)
+    else:
+        losses = torch.logsumexp(logits, dim=-1) - logits.gather(1, targets[:, None])[:, 0]
     if reduction == "none":
         return losses
     if reduction == "sum":
