@@ -32,7 +32,6 @@ from onepass.contract import ContractError
 from onepass.server.body import read_json
 from onepass.server.context import StrictJSONResponse
 from onepass.server.errors import ApiError
-from onepass.server.runtime import Runtime
 from onepass.server.settings import ServerSettings
 
 # the fields sglang-router 0.3.2 writes into every forwarded /generate body, at the values it
@@ -151,62 +150,65 @@ def split_prefix(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[list
     return list(prompts[0][:n]), [list(p[n:]) for p in prompts]
 
 
-def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any]) -> None:
-    """Add ``POST /generate`` (the scoring subset above) to the app."""
+async def generate(request: Request) -> Response:
+    """``POST /generate``: score the body's prompts (see the module docstring)."""
+    rt = request.app.state.runtime
+    settings = rt.settings
+    engine = rt.require_engine()
 
+    def check(body: Any) -> tuple[Any, ...]:
+        """Every check of the body (CPU over up to the body cap of ids: off the loop)."""
+        prompts, candidates, batch = parse_generate(body)
+        check_size(prompts, candidates, settings)
+        vocab = getattr(engine.backend, "vocab_size", None)
+        for i, p in enumerate(prompts):
+            if len(p) > engine.max_input_tokens:
+                raise limits.too_long(f"input_ids[{i}]" if batch else "input_ids", len(p),
+                                      engine.max_input_tokens)
+        if vocab is not None:
+            for field, lists in (("input_ids", prompts), ("token_ids_logprob", candidates)):
+                for ids in lists:
+                    limits.check_vocabulary(field, ids, vocab)
+        prefix, suffixes = split_prefix(prompts)
+        tokens = len(prefix) + sum(len(s) for s in suffixes)
+        if tokens > settings.max_generate_tokens:
+            raise _too_large("input_ids", f"the batch has {tokens} tokens to score (its "
+                             "common prefix once, then every rest), over the limit of "
+                             f"{settings.max_generate_tokens} per request "
+                             "(max_generate_tokens); split the batch")
+        return body, prompts, candidates, batch, prefix, suffixes
+
+    def checked(body: Any) -> tuple[Any, ...]:
+        try:
+            return check(body)
+        except ContractError as exc:  # a limit (onepass.limits): its own status
+            raise ApiError.of(exc.kind, str(exc), field=exc.field) from None
+
+    body, prompts, candidates, batch, prefix, suffixes = await read_json(
+        request, settings, checked)
+
+    def work() -> Any:
+        return (engine.scorer or engine.backend.score)(prefix, suffixes, candidates)
+
+    result = await rt.run(request, work, engine)
+    rid = body.get("rid")
+    items = [{
+        "text": "", "output_ids": [],
+        "meta_info": {
+            "id": rid, "finish_reason": {"type": "length", "length": 0},
+            "prompt_tokens": len(p), "completion_tokens": 0,
+            "cached_tokens": result.cached_tokens,
+            "output_token_ids_logits": [[[float(v), c, None]
+                                         for v, c in zip(logits, cands)]],
+        },
+    } for p, cands, logits in zip(prompts, candidates, result.logits)]
+    return StrictJSONResponse(items if batch else items[0])
+
+
+def register(app: FastAPI, auth: list[Any]) -> None:
+    """Add ``POST /generate`` (the scoring subset above) to the app."""
     body_spec = {"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/GenerateScoringRequest"}}}}}
-
-    @app.post("/generate", dependencies=auth, tags=["Operations"], openapi_extra=body_spec,
-              summary="SGLang-shaped scoring of token ids (for sglang-router): candidate logits "
-              "at the end of each prompt, through the prefix cache")
-    async def generate(request: Request) -> Response:
-        engine = rt.require_engine()
-
-        def check(body: Any) -> tuple[Any, ...]:
-            """Every check of the body (CPU over up to the body cap of ids: off the loop)."""
-            prompts, candidates, batch = parse_generate(body)
-            check_size(prompts, candidates, settings)
-            vocab = getattr(engine.backend, "vocab_size", None)
-            for i, p in enumerate(prompts):
-                if len(p) > engine.max_input_tokens:
-                    raise limits.too_long(f"input_ids[{i}]" if batch else "input_ids", len(p),
-                                          engine.max_input_tokens)
-            if vocab is not None:
-                for field, lists in (("input_ids", prompts), ("token_ids_logprob", candidates)):
-                    for ids in lists:
-                        limits.check_vocabulary(field, ids, vocab)
-            prefix, suffixes = split_prefix(prompts)
-            tokens = len(prefix) + sum(len(s) for s in suffixes)
-            if tokens > settings.max_generate_tokens:
-                raise _too_large("input_ids", f"the batch has {tokens} tokens to score (its "
-                                 "common prefix once, then every rest), over the limit of "
-                                 f"{settings.max_generate_tokens} per request "
-                                 "(max_generate_tokens); split the batch")
-            return body, prompts, candidates, batch, prefix, suffixes
-
-        def checked(body: Any) -> tuple[Any, ...]:
-            try:
-                return check(body)
-            except ContractError as exc:  # a limit (onepass.limits): its own status
-                raise ApiError.of(exc.kind, str(exc), field=exc.field) from None
-
-        body, prompts, candidates, batch, prefix, suffixes = await read_json(
-            request, settings, checked)
-
-        def work() -> Any:
-            return (engine.scorer or engine.backend.score)(prefix, suffixes, candidates)
-
-        result = await rt.run(request, work, engine)
-        rid = body.get("rid")
-        items = [{
-            "text": "", "output_ids": [],
-            "meta_info": {
-                "id": rid, "finish_reason": {"type": "length", "length": 0},
-                "prompt_tokens": len(p), "completion_tokens": 0,
-                "cached_tokens": result.cached_tokens,
-                "output_token_ids_logits": [[[float(v), c, None]
-                                             for v, c in zip(logits, cands)]],
-            },
-        } for p, cands, logits in zip(prompts, candidates, result.logits)]
-        return StrictJSONResponse(items if batch else items[0])
+    app.post("/generate", dependencies=auth, tags=["Operations"], openapi_extra=body_spec,
+             summary="SGLang-shaped scoring of token ids (for sglang-router): candidate logits "
+             "at the end of each prompt, through the prefix cache")(generate)

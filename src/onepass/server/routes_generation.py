@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -45,7 +46,6 @@ from onepass.server.forwarding import forward
 from onepass.server.response_store import ResponseStore, Stored
 from onepass.server.runtime import Runtime, is_embedding, wait_disconnect
 from onepass.server.serving import body_spec
-from onepass.server.settings import ServerSettings
 
 log = logging.getLogger("onepass.server")
 
@@ -339,9 +339,9 @@ def settle_tools(choice: W.Choice, tools: T.ToolSpec | None, fmt: str) -> None:
         choice.text, choice.tool_calls, choice.finish_reason = content, calls, "tool_calls"
 
 
-def _usage_log(request: Request, model: str, usage: W.Usage, metrics: Any) -> None:
+def _usage_log(request: Request, model: str, usage: W.Usage) -> None:
     """The request's token usage: in its access-log line and the prompt-token counters."""
-    metrics.observe_prompt(usage.prompt_tokens, usage.cached_tokens)
+    request.app.state.runtime.metrics.observe_prompt(usage.prompt_tokens, usage.cached_tokens)
     fields = log_fields(request)
     fields["model"] = model
     fields["input_tokens"] = usage.prompt_tokens
@@ -349,632 +349,619 @@ def _usage_log(request: Request, model: str, usage: W.Usage, metrics: Any) -> No
     fields["cached_tokens"] = usage.cached_tokens
 
 
-# --------------------------------------------------------------------------- registration
+# --------------------------------------------------------------------------- per-app state
 
 
-def register(app: FastAPI, rt: Runtime, settings: ServerSettings, auth: list[Any]) -> None:
-    """Add the generation routes to ``app`` (one response store per app)."""
+@dataclass
+class GenerationState:
+    """What the generation routes keep per app (on ``app.state.generation``): the stored
+    responses, and the schedulers already hooked to the metrics."""
 
-    store = ResponseStore()
-    hooked: set[int] = set()
+    store: ResponseStore = field(default_factory=ResponseStore)
+    schedulers: dict[int, Any] = field(default_factory=dict)  # engine id -> its scheduler
 
-    async def read_openai(request: Request, parse: Callable[[Any], Any], route: str) -> Any:
-        """``read_json`` with ``parse``; the accepted fields that had no effect go into the
-        access log and the response's ignored-fields header (the context middleware)."""
-        fields = log_fields(request)
 
-        def parse_and_note(body: Any) -> Any:
-            req = parse(body)
-            request.state.openai_body = body  # as written: a remote engine is sent it
-            ignored = W.ignored_fields(body, route)
-            if ignored:
-                fields["ignored_fields"] = ",".join(ignored)
-            return req
+def _runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
 
-        return await read_json(request, settings, parse_and_note)
 
-    async def forwarded(request: Request, model: str | None, path: str) -> Response | None:
-        """A remote engine's answer when ``model`` is served by one (:mod:`.forwarding`)."""
-        engine = rt.require_engine(model)
-        if not engine.capabilities.forwards_generation:
-            return None
-        return await forward(request, engine, path, request.state.openai_body)
+def _state(request: Request) -> GenerationState:
+    return request.app.state.generation
 
-    def resolve(model: str | None) -> tuple[Any, str]:
-        """The engine serving ``model`` and its served name: checked before any work."""
-        engine = rt.require_engine(model)  # each served model by its own name; else 404
-        if not engine.capabilities.steps:  # llamacpp: no KV arena to generate in
-            raise ContractError("model", f"model {engine.served_name!r} is served by the "
-                                f"{_backend_kind(engine.backend)} backend, which does not "
-                                "generate through the OpenAI routes yet (it answers "
-                                "/v1/systemone and /v1/decisions); serve it with --backend "
-                                "torch, or from an engine with --backend remote, to generate")
-        if id(engine) not in hooked:
-            hook(engine.generator)
-            hooked.add(id(engine))
-        return engine, engine.served_name
 
-    hooked_schedulers: list[Any] = []
+async def read_openai(request: Request, parse: Callable[[Any], Any], route: str) -> Any:
+    """``read_json`` with ``parse``; the accepted fields that had no effect go into the
+    access log and the response's ignored-fields header (the context middleware)."""
+    fields = log_fields(request)
 
-    def hook(gen: Any) -> None:
-        """Metrics read the schedulers' occupancy (every served model's, summed) and hear
-        about every forward step."""
-        scheduler = gen.scheduler
-        hooked_schedulers.append(scheduler)
-        rt.metrics.bind_generation(active=lambda: sum(s.active for s in hooked_schedulers),
-                                   waiting=lambda: sum(s.waiting for s in hooked_schedulers))
-        previous = scheduler.on_step
-        if previous is None:
-            scheduler.on_step = rt.metrics.observe_step
-        else:
-            def both(rows: int, tokens: int) -> None:
-                previous(rows, tokens)
-                rt.metrics.observe_step(rows, tokens)
+    def parse_and_note(body: Any) -> Any:
+        req = parse(body)
+        request.state.openai_body = body  # as written: a remote engine is sent it
+        ignored = W.ignored_fields(body, route)
+        if ignored:
+            fields["ignored_fields"] = ",".join(ignored)
+        return req
 
-            scheduler.on_step = both
+    return await read_json(request, _runtime(request).settings, parse_and_note)
 
-    async def compile_grammar(engine: Any, spec: Any) -> Any:
-        """The request's grammar compiled for the model's vocabulary (cached), before the
-        request takes a slot: a construct the engine cannot enforce is a 400 naming it."""
-        if spec is None:
-            return None
-        from onepass.generate.grammar import tokenizer_info
 
-        return await asyncio.to_thread(lambda: spec.compile(tokenizer_info(engine.backend)))
+async def forwarded(request: Request, model: str | None, path: str) -> Response | None:
+    """A remote engine's answer when ``model`` is served by one (:mod:`.forwarding`)."""
+    engine = _runtime(request).require_engine(model)
+    if not engine.capabilities.forwards_generation:
+        return None
+    return await forward(request, engine, path, request.state.openai_body)
 
-    def start(gen: Any, prompt: list[int], params: Any, limit: int, n: int = 1,
-              grammar: Any = None) -> Running:
+
+def resolve(request: Request, model: str | None) -> tuple[Any, str]:
+    """The engine serving ``model`` and its served name: checked before any work."""
+    rt = _runtime(request)
+    engine = rt.require_engine(model)  # each served model by its own name; else 404
+    if not engine.capabilities.steps:  # llamacpp: no KV arena to generate in
+        raise ContractError("model", f"model {engine.served_name!r} is served by the "
+                            f"{_backend_kind(engine.backend)} backend, which does not "
+                            "generate through the OpenAI routes yet (it answers "
+                            "/v1/systemone and /v1/decisions); serve it with --backend "
+                            "torch, or from an engine with --backend remote, to generate")
+    hooked = _state(request).schedulers
+    if id(engine) not in hooked:
+        hooked[id(engine)] = engine.generator.scheduler
+        hook(rt, engine.generator.scheduler, hooked)
+    return engine, engine.served_name
+
+
+def hook(rt: Runtime, scheduler: Any, hooked: dict[int, Any]) -> None:
+    """Metrics read the occupancy of the ``hooked`` schedulers (every served model's, summed)
+    and hear about every forward step of ``scheduler``."""
+    rt.metrics.bind_generation(active=lambda: sum(s.active for s in hooked.values()),
+                               waiting=lambda: sum(s.waiting for s in hooked.values()))
+    previous = scheduler.on_step
+    if previous is None:
+        scheduler.on_step = rt.metrics.observe_step
+    else:
+        def both(rows: int, tokens: int) -> None:
+            previous(rows, tokens)
+            rt.metrics.observe_step(rows, tokens)
+
+        scheduler.on_step = both
+
+
+async def compile_grammar(engine: Any, spec: Any) -> Any:
+    """The request's grammar compiled for the model's vocabulary (cached), before the
+    request takes a slot: a construct the engine cannot enforce is a 400 naming it."""
+    if spec is None:
+        return None
+    from onepass.generate.grammar import tokenizer_info
+
+    return await asyncio.to_thread(lambda: spec.compile(tokenizer_info(engine.backend)))
+
+
+def start(request: Request, gen: Any, prompt: list[int], params: Any, limit: int, n: int = 1,
+          grammar: Any = None) -> Running:
+    """``n`` sequences of ``prompt`` started in the model's scheduler: a 429 when its waiting
+    line is full, a 503 when it is shutting down."""
+    rt = _runtime(request)
+    try:
+        # a request none of whose sequences got a slot within the deadline is shed (429)
+        deadline = time.monotonic() + rt.settings.request_deadline
+        return Running(gen.start(prompt, params, limit, n, grammar=grammar,
+                                 deadline=deadline), rt.metrics)
+    except Saturated as exc:
+        rt.metrics.shed.labels("queue_full").inc()
+        raise ApiError.of("overloaded", str(exc), headers=retry_headers(1.0)) from None
+    except SchedulerClosed:
+        rt.metrics.shed.labels("shutting_down").inc()
+        raise ApiError.of("shutting_down", "the server is shutting down",
+                          headers=retry_headers(1.0)) from None
+
+
+async def read_in_steps(request: Request, engine: Any, reader: Reader) -> Any:
+    """Run ``reader`` (embeddings, prompt scoring) in the model's step scheduler, in prompt
+    chunks between everyone else's tokens, through the model's queue; when the client
+    goes away its remaining chunks never run."""
+    stop = threading.Event()
+    scheduler = engine.generator.scheduler
+    try:
+        return await _runtime(request).run(request, lambda: scheduler.read(reader, stop), engine)
+    except SchedulerClosed:
+        raise ApiError.of("shutting_down", "the server is shutting down",
+                          headers=retry_headers(1.0)) from None
+    finally:
+        stop.set()  # no-op once read; else the scheduler drops it at the next step
+
+
+async def error_frames(exc: BaseException, request: Request) -> AsyncIterator[bytes]:
+    if isinstance(exc, ApiError):
+        error = exc
+    else:
+        log.error("generation stream failed", exc_info=exc,
+                  extra={"fields": {"request_id": request_id(request)}})
+        error = ApiError.of("internal_error", "generation failed; it has been logged "
+                            "with this request id")
+    log_fields(request)["stream_error"] = error.kind
+    yield W.sse(W.error_event(error.message, error.kind, error.status))
+
+
+# ------------------------------------------------------------------ chat
+
+async def chat_completions(request: Request) -> Response:
+    req = await read_openai(request, W.parse_chat, "POST /v1/chat/completions")
+    if (remote := await forwarded(request, req.model, "/v1/chat/completions")) is not None:
+        return remote
+    engine, model = resolve(request, req.model)
+    tools = _active(req.tools)
+    grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
+    gen = engine.generator
+    kwargs = template_kwargs(gen, req.template_kwargs, req.reasoning_effort,
+                             "reasoning_effort")
+    prompt, fmt = await asyncio.to_thread(tool_prompt, gen, req.messages, tools, "messages",
+                                          kwargs)
+    thinking = await asyncio.to_thread(thinks, gen, prompt, kwargs)
+    limit = gen.output_limit(len(prompt), req.max_tokens, field=req.max_tokens_field,
+                             prompt_field="messages")
+    running = start(request, gen, prompt, req.params, limit, req.n, grammar)
+    cid, created = W.new_id("chatcmpl", "-"), int(time.time())
+    if not req.stream:
+        choices, finishes = await collect(request, running)
+        reasoning_tokens = 0
+        for choice, finish in zip(choices, finishes):  # CPU work: off the event loop
+            reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice, finish,
+                                                        thinking)
+            await asyncio.to_thread(settle_tools, choice, tools, fmt)
+        usage = W.Usage.of(finishes, reasoning_tokens)
+        _usage_log(request, model, usage)
+        return StrictJSONResponse(
+            W.chat_completion(cid, created, model, choices, usage, req.logprobs))
+
+    async def events() -> AsyncIterator[bytes]:
+        finishes: list[Finish] = []
+        held = [W.Choice() for _ in range(req.n)]  # with tools: the whole reply first
+        splitters = [R.ReasoningSplitter(thinking) for _ in range(req.n)]
+        pending: list[list[Any]] = [[] for _ in range(req.n)]  # logprobs not yet sent
+        reasoning_tokens = 0
+
+        def pieces(i: int, parts: list[tuple[str, str]]) -> list[bytes]:
+            frames = []
+            for kind, text in parts:
+                tokens, pending[i] = pending[i], []
+                frames.append(W.sse(W.chat_chunk(
+                    cid, created, model, i,
+                    tokens=tokens if req.logprobs else None,
+                    **({"reasoning_content": text} if kind == "reasoning"
+                       else {"content": text}))))
+            return frames
+
         try:
-            # a request none of whose sequences got a slot within the deadline is shed (429)
-            deadline = time.monotonic() + settings.request_deadline
-            return Running(gen.start(prompt, params, limit, n, grammar=grammar,
-                                     deadline=deadline), rt.metrics)
-        except Saturated as exc:
-            rt.metrics.shed.labels("queue_full").inc()
-            raise ApiError.of("overloaded", str(exc), headers=retry_headers(1.0)) from None
-        except SchedulerClosed:
-            rt.metrics.shed.labels("shutting_down").inc()
-            raise ApiError.of("shutting_down", "the server is shutting down",
-                              headers=retry_headers(1.0)) from None
-
-    async def read_in_steps(request: Request, engine: Any, reader: Reader) -> Any:
-        """Run ``reader`` (embeddings, prompt scoring) in the model's step scheduler, in prompt
-        chunks between everyone else's tokens, through the model's queue; when the client
-        goes away its remaining chunks never run."""
-        stop = threading.Event()
-        scheduler = engine.generator.scheduler
-        try:
-            return await rt.run(request, lambda: scheduler.read(reader, stop), engine)
-        except SchedulerClosed:
-            raise ApiError.of("shutting_down", "the server is shutting down",
-                              headers=retry_headers(1.0)) from None
-        finally:
-            stop.set()  # no-op once read; else the scheduler drops it at the next step
-
-    async def error_frames(exc: BaseException, request: Request) -> AsyncIterator[bytes]:
-        if isinstance(exc, ApiError):
-            error = exc
-        else:
-            log.error("generation stream failed", exc_info=exc,
-                      extra={"fields": {"request_id": request_id(request)}})
-            error = ApiError.of("internal_error", "generation failed; it has been logged "
-                                "with this request id")
-        log_fields(request)["stream_error"] = error.kind
-        yield W.sse(W.error_event(error.message, error.kind, error.status))
-
-    # ------------------------------------------------------------------ chat
-
-    @app.post("/v1/chat/completions", dependencies=auth, tags=_TAGS,
-              responses=_ok(S.ChatCompletionResponseModel, "chat.completion.chunk events "
-                            "ending with data: [DONE]"),
-              openapi_extra=body_spec("ChatCompletionRequestModel"),
-              summary="OpenAI Chat Completions (text), streaming with stream: true")
-    @_openai_errors
-    async def chat_completions(request: Request) -> Response:
-        req = await read_openai(request, W.parse_chat, "POST /v1/chat/completions")
-        if (remote := await forwarded(request, req.model, "/v1/chat/completions")) is not None:
-            return remote
-        engine, model = resolve(req.model)
-        tools = _active(req.tools)
-        grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
-        gen = engine.generator
-        kwargs = template_kwargs(gen, req.template_kwargs, req.reasoning_effort,
-                                 "reasoning_effort")
-        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, req.messages, tools, "messages",
-                                              kwargs)
-        thinking = await asyncio.to_thread(thinks, gen, prompt, kwargs)
-        limit = gen.output_limit(len(prompt), req.max_tokens, field=req.max_tokens_field,
-                                 prompt_field="messages")
-        running = start(gen, prompt, req.params, limit, req.n, grammar)
-        cid, created = W.new_id("chatcmpl", "-"), int(time.time())
-        if not req.stream:
-            choices, finishes = await collect(request, running)
-            reasoning_tokens = 0
-            for choice, finish in zip(choices, finishes):  # CPU work: off the event loop
-                reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice, finish,
-                                                            thinking)
-                await asyncio.to_thread(settle_tools, choice, tools, fmt)
+            for i in range(req.n):
+                yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
+            async for i, event in merge(running):
+                if isinstance(event, Delta) and tools is not None:
+                    held[i].text += event.text
+                    held[i].tokens.extend(event.tokens)
+                    continue
+                if isinstance(event, Delta):
+                    pending[i].extend(event.tokens)
+                    for frame in pieces(i, splitters[i].feed(event.text)):
+                        yield frame
+                    continue
+                error = _failure(event)
+                if error is not None:
+                    raise error
+                finishes.append(event)
+                reason = event.reason
+                if tools is None:
+                    for frame in pieces(i, splitters[i].flush()):
+                        yield frame
+                    if pending[i] and req.logprobs:  # held-back text's tokens
+                        yield W.sse(W.chat_chunk(cid, created, model, i, content="",
+                                                 tokens=pending[i]))
+                    if splitters[i].reasoned:
+                        reasoning_tokens += await asyncio.to_thread(
+                            R.reasoning_token_count, event.token_ids, gen.backend.decode,
+                            thinking)
+                if tools is not None:
+                    choice = held[i]
+                    choice.finish_reason = reason
+                    reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice,
+                                                                event, thinking)
+                    if choice.reasoning:
+                        yield W.sse(W.chat_chunk(cid, created, model, i,
+                                                 reasoning_content=choice.reasoning))
+                    await asyncio.to_thread(settle_tools, choice, tools, fmt)
+                    reason = choice.finish_reason
+                    if choice.text:
+                        yield W.sse(W.chat_chunk(
+                            cid, created, model, i, content=choice.text,
+                            tokens=choice.tokens if req.logprobs else None))
+                    for delta in W.tool_call_deltas(choice.tool_calls):
+                        yield W.sse(W.chat_chunk(cid, created, model, i, tool_calls=delta))
+                yield W.sse(W.chat_chunk(cid, created, model, i, finish_reason=reason))
             usage = W.Usage.of(finishes, reasoning_tokens)
-            _usage_log(request, model, usage, rt.metrics)
-            return StrictJSONResponse(
-                W.chat_completion(cid, created, model, choices, usage, req.logprobs))
+            _usage_log(request, model, usage)
+            if req.include_usage:
+                yield W.sse(W.usage_chunk(cid, created, model, usage))
+        except Exception as exc:  # the status line is sent: report it in the stream
+            async for frame in error_frames(exc, request):
+                yield frame
+        finally:
+            running.cancel()
+        yield W.DONE
 
-        async def events() -> AsyncIterator[bytes]:
-            finishes: list[Finish] = []
-            held = [W.Choice() for _ in range(req.n)]  # with tools: the whole reply first
-            splitters = [R.ReasoningSplitter(thinking) for _ in range(req.n)]
-            pending: list[list[Any]] = [[] for _ in range(req.n)]  # logprobs not yet sent
-            reasoning_tokens = 0
+    return EventStream(events(), running)
 
-            def pieces(i: int, parts: list[tuple[str, str]]) -> list[bytes]:
-                frames = []
-                for kind, text in parts:
-                    tokens, pending[i] = pending[i], []
-                    frames.append(W.sse(W.chat_chunk(
-                        cid, created, model, i,
-                        tokens=tokens if req.logprobs else None,
-                        **({"reasoning_content": text} if kind == "reasoning"
-                           else {"content": text}))))
-                return frames
+# ------------------------------------------------------------------ completions
 
-            try:
+async def completions(request: Request) -> Response:
+    req = await read_openai(request, W.parse_completion, "POST /v1/completions")
+    if (remote := await forwarded(request, req.model, "/v1/completions")) is not None:
+        return remote
+    engine, model = resolve(request, req.model)
+    grammar = await compile_grammar(engine, req.grammar)
+    gen, backend = engine.generator, engine.backend
+    ids = await asyncio.to_thread(gen.text_prompt, req.prompt, "prompt")
+    if req.scoring:
+        # scoring reads the prompt only: it must fit max_input_tokens and the context
+        limits.check_tokens("prompt", len(ids), max_input_tokens=gen.max_input_tokens,
+                            context=gen.backend.context_length)
+        limit = 0
+    else:
+        limit = gen.output_limit(len(ids), req.max_tokens, field="max_tokens",
+                                 prompt_field="prompt")
+    echoed: W.TextLogprobs | None = None
+    echo_text = ""
+    if req.echo:
+        echo_text = req.prompt if isinstance(req.prompt, str) else backend.decode(ids)
+        if req.logprobs is not None:
+            top = req.logprobs
+            scored = await read_in_steps(request, engine, backend.scoring_reader(ids, top))
+            echoed = W.TextLogprobs()
+            echoed.add_prompt(ids, scored, backend.decode)
+            echoed.offset = len(echo_text)
+    cid, created = W.new_id("cmpl", "-"), int(time.time())
+
+    def fresh_logprobs() -> W.TextLogprobs | None:
+        if req.logprobs is None:
+            return None
+        lp = W.TextLogprobs()
+        if echoed is not None:
+            lp.tokens, lp.token_logprobs = list(echoed.tokens), list(echoed.token_logprobs)
+            lp.top_logprobs, lp.text_offset = list(echoed.top_logprobs), list(
+                echoed.text_offset)
+        lp.offset = len(echo_text)
+        return lp
+
+    if req.scoring:
+        usage = W.Usage(len(ids), 0, 0)
+        _usage_log(request, model, usage)
+        body = W.text_completion(cid, created, model, [echo_text] * req.n,
+                                 ["length"] * req.n,
+                                 [fresh_logprobs() for _ in range(req.n)], usage)
+        if not req.stream:
+            return StrictJSONResponse(body)
+        return EventStream(_replay_completion(body, req.include_usage), None)
+
+    running = start(request, gen, ids, req.params, limit, req.n, grammar)
+    if not req.stream:
+        choices, finishes = await collect(request, running)
+        usage = W.Usage.of(finishes)
+        _usage_log(request, model, usage)
+        logprobs = []
+        for choice in choices:
+            lp = fresh_logprobs()
+            if lp is not None:
+                lp.add_generated(choice.tokens)
+            logprobs.append(lp)
+        return StrictJSONResponse(W.text_completion(
+            cid, created, model, [echo_text + c.text for c in choices],
+            [c.finish_reason for c in choices], logprobs, usage))
+
+    async def events() -> AsyncIterator[bytes]:
+        finishes: list[Finish] = []
+        logprobs = [fresh_logprobs() for _ in range(req.n)]
+        try:
+            if req.echo:
                 for i in range(req.n):
-                    yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
-                async for i, event in merge(running):
-                    if isinstance(event, Delta) and tools is not None:
-                        held[i].text += event.text
-                        held[i].tokens.extend(event.tokens)
-                        continue
-                    if isinstance(event, Delta):
-                        pending[i].extend(event.tokens)
-                        for frame in pieces(i, splitters[i].feed(event.text)):
-                            yield frame
-                        continue
-                    error = _failure(event)
-                    if error is not None:
-                        raise error
-                    finishes.append(event)
-                    reason = event.reason
-                    if tools is None:
-                        for frame in pieces(i, splitters[i].flush()):
-                            yield frame
-                        if pending[i] and req.logprobs:  # held-back text's tokens
-                            yield W.sse(W.chat_chunk(cid, created, model, i, content="",
-                                                     tokens=pending[i]))
-                        if splitters[i].reasoned:
-                            reasoning_tokens += await asyncio.to_thread(
-                                R.reasoning_token_count, event.token_ids, gen.backend.decode,
-                                thinking)
-                    if tools is not None:
-                        choice = held[i]
-                        choice.finish_reason = reason
-                        reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice,
-                                                                    event, thinking)
-                        if choice.reasoning:
-                            yield W.sse(W.chat_chunk(cid, created, model, i,
-                                                     reasoning_content=choice.reasoning))
-                        await asyncio.to_thread(settle_tools, choice, tools, fmt)
-                        reason = choice.finish_reason
-                        if choice.text:
-                            yield W.sse(W.chat_chunk(
-                                cid, created, model, i, content=choice.text,
-                                tokens=choice.tokens if req.logprobs else None))
-                        for delta in W.tool_call_deltas(choice.tool_calls):
-                            yield W.sse(W.chat_chunk(cid, created, model, i, tool_calls=delta))
-                    yield W.sse(W.chat_chunk(cid, created, model, i, finish_reason=reason))
-                usage = W.Usage.of(finishes, reasoning_tokens)
-                _usage_log(request, model, usage, rt.metrics)
-                if req.include_usage:
-                    yield W.sse(W.usage_chunk(cid, created, model, usage))
-            except Exception as exc:  # the status line is sent: report it in the stream
-                async for frame in error_frames(exc, request):
-                    yield frame
-            finally:
-                running.cancel()
-            yield W.DONE
-
-        return EventStream(events(), running)
-
-    # ------------------------------------------------------------------ completions
-
-    @app.post("/v1/completions", dependencies=auth, tags=_TAGS,
-              responses=_ok(S.CompletionResponseModel, "text_completion chunks ending with "
-                            "data: [DONE]"),
-              openapi_extra=body_spec("CompletionRequestModel"),
-              summary="OpenAI Completions: text or token-id prompt; max_tokens 0 with echo "
-              "and logprobs scores the prompt")
-    @_openai_errors
-    async def completions(request: Request) -> Response:
-        req = await read_openai(request, W.parse_completion, "POST /v1/completions")
-        if (remote := await forwarded(request, req.model, "/v1/completions")) is not None:
-            return remote
-        engine, model = resolve(req.model)
-        grammar = await compile_grammar(engine, req.grammar)
-        gen, backend = engine.generator, engine.backend
-        ids = await asyncio.to_thread(gen.text_prompt, req.prompt, "prompt")
-        if req.scoring:
-            # scoring reads the prompt only: it must fit max_input_tokens and the context
-            limits.check_tokens("prompt", len(ids), max_input_tokens=gen.max_input_tokens,
-                                context=gen.backend.context_length)
-            limit = 0
-        else:
-            limit = gen.output_limit(len(ids), req.max_tokens, field="max_tokens",
-                                     prompt_field="prompt")
-        echoed: W.TextLogprobs | None = None
-        echo_text = ""
-        if req.echo:
-            echo_text = req.prompt if isinstance(req.prompt, str) else backend.decode(ids)
-            if req.logprobs is not None:
-                top = req.logprobs
-                scored = await read_in_steps(request, engine, backend.scoring_reader(ids, top))
-                echoed = W.TextLogprobs()
-                echoed.add_prompt(ids, scored, backend.decode)
-                echoed.offset = len(echo_text)
-        cid, created = W.new_id("cmpl", "-"), int(time.time())
-
-        def fresh_logprobs() -> W.TextLogprobs | None:
-            if req.logprobs is None:
-                return None
-            lp = W.TextLogprobs()
-            if echoed is not None:
-                lp.tokens, lp.token_logprobs = list(echoed.tokens), list(echoed.token_logprobs)
-                lp.top_logprobs, lp.text_offset = list(echoed.top_logprobs), list(
-                    echoed.text_offset)
-            lp.offset = len(echo_text)
-            return lp
-
-        if req.scoring:
-            usage = W.Usage(len(ids), 0, 0)
-            _usage_log(request, model, usage, rt.metrics)
-            body = W.text_completion(cid, created, model, [echo_text] * req.n,
-                                     ["length"] * req.n,
-                                     [fresh_logprobs() for _ in range(req.n)], usage)
-            if not req.stream:
-                return StrictJSONResponse(body)
-            return EventStream(_replay_completion(body, req.include_usage), None)
-
-        running = start(gen, ids, req.params, limit, req.n, grammar)
-        if not req.stream:
-            choices, finishes = await collect(request, running)
-            usage = W.Usage.of(finishes)
-            _usage_log(request, model, usage, rt.metrics)
-            logprobs = []
-            for choice in choices:
-                lp = fresh_logprobs()
-                if lp is not None:
-                    lp.add_generated(choice.tokens)
-                logprobs.append(lp)
-            return StrictJSONResponse(W.text_completion(
-                cid, created, model, [echo_text + c.text for c in choices],
-                [c.finish_reason for c in choices], logprobs, usage))
-
-        async def events() -> AsyncIterator[bytes]:
-            finishes: list[Finish] = []
-            logprobs = [fresh_logprobs() for _ in range(req.n)]
-            try:
-                if req.echo:
-                    for i in range(req.n):
-                        lp = logprobs[i]
-                        yield W.sse(W.text_completion(
-                            cid, created, model, [echo_text], [None],
-                            [_take(lp)], None, first_index=i))
-                async for i, event in merge(running):
                     lp = logprobs[i]
-                    if isinstance(event, Delta):
-                        if lp is not None:
-                            lp.add_generated(event.tokens)
-                        yield W.sse(W.text_completion(cid, created, model, [event.text],
-                                                      [None], [_take(lp)], None,
-                                                      first_index=i))
-                        continue
-                    error = _failure(event)
-                    if error is not None:
-                        raise error
-                    finishes.append(event)
-                    yield W.sse(W.text_completion(cid, created, model, [""], [event.reason],
-                                                  [None], None, first_index=i))
-                usage = W.Usage.of(finishes)
-                _usage_log(request, model, usage, rt.metrics)
-                if req.include_usage:
-                    yield W.sse(W.text_completion(cid, created, model, [], [], [], usage))
-            except Exception as exc:
-                async for frame in error_frames(exc, request):
-                    yield frame
-            finally:
-                running.cancel()
-            yield W.DONE
+                    yield W.sse(W.text_completion(
+                        cid, created, model, [echo_text], [None],
+                        [_take(lp)], None, first_index=i))
+            async for i, event in merge(running):
+                lp = logprobs[i]
+                if isinstance(event, Delta):
+                    if lp is not None:
+                        lp.add_generated(event.tokens)
+                    yield W.sse(W.text_completion(cid, created, model, [event.text],
+                                                  [None], [_take(lp)], None,
+                                                  first_index=i))
+                    continue
+                error = _failure(event)
+                if error is not None:
+                    raise error
+                finishes.append(event)
+                yield W.sse(W.text_completion(cid, created, model, [""], [event.reason],
+                                              [None], None, first_index=i))
+            usage = W.Usage.of(finishes)
+            _usage_log(request, model, usage)
+            if req.include_usage:
+                yield W.sse(W.text_completion(cid, created, model, [], [], [], usage))
+        except Exception as exc:
+            async for frame in error_frames(exc, request):
+                yield frame
+        finally:
+            running.cancel()
+        yield W.DONE
 
-        return EventStream(events(), running)
+    return EventStream(events(), running)
 
-    # ------------------------------------------------------------------ responses
+# ------------------------------------------------------------------ responses
 
-    @app.post("/v1/responses", dependencies=auth, tags=_TAGS,
-              responses=_ok(S.ResponseObjectModel, "lifecycle events: response.created, "
-                            "response.in_progress, response.output_text.delta ..., then "
-                            "response.completed or response.incomplete"),
-              openapi_extra=body_spec("ResponseRequestModel"),
-              summary="OpenAI Responses (text): streaming lifecycle events, store, "
-              "previous_response_id")
-    @_openai_errors
-    async def responses(request: Request) -> Response:
-        req = await read_openai(request, W.parse_responses, "POST /v1/responses")
-        if (remote := await forwarded(request, req.model, "/v1/responses")) is not None:
-            return remote
-        engine, model = resolve(req.model)
-        tools = _active(req.tools)
-        grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
-        history: list[dict[str, Any]] = []
-        if req.previous_response_id is not None:
-            previous = store.get(req.previous_response_id)
-            if previous is None:
-                raise ApiError.of(
-                    "not_found", f"previous_response_id: no stored response "
-                    f"{req.previous_response_id!r} (unknown, expired after "
-                    f"{store.max_age:g} s, evicted or deleted; only responses created with "
-                    "store: true are kept)", field="previous_response_id")
-            if previous.model != model:
-                raise ApiError(400, f"previous_response_id: {req.previous_response_id!r} "
-                               f"was made by model {previous.model!r}, not {model!r}; a "
-                               "conversation continues on the same model",
-                               "invalid_request_error", field="previous_response_id")
-            history = list(previous.history)
-        conversation = history + req.messages
-        await asyncio.to_thread(T.check_tool_turns, conversation, "input", indexed=False)
-        messages = ([{"role": "system", "content": req.instructions}] if req.instructions
-                    else []) + conversation
-        gen = engine.generator
-        kwargs = template_kwargs(gen, (), req.reasoning_effort, "reasoning.effort")
-        prompt, fmt = await asyncio.to_thread(tool_prompt, gen, messages, tools, "input", kwargs)
-        thinking = await asyncio.to_thread(thinks, gen, prompt, kwargs)
-        limit = gen.output_limit(len(prompt), req.max_output_tokens, field="max_output_tokens",
-                                 prompt_field="input")
-        running = start(gen, prompt, req.params, limit, grammar=grammar)
-        rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
-        reasoning_id = W.new_id("rs")
+async def responses(request: Request) -> Response:
+    req = await read_openai(request, W.parse_responses, "POST /v1/responses")
+    if (remote := await forwarded(request, req.model, "/v1/responses")) is not None:
+        return remote
+    engine, model = resolve(request, req.model)
+    store = _state(request).store
+    tools = _active(req.tools)
+    grammar = await compile_grammar(engine, _tool_grammar(req.grammar, tools))
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        previous = store.get(req.previous_response_id)
+        if previous is None:
+            raise ApiError.of(
+                "not_found", f"previous_response_id: no stored response "
+                f"{req.previous_response_id!r} (unknown, expired after "
+                f"{store.max_age:g} s, evicted or deleted; only responses created with "
+                "store: true are kept)", field="previous_response_id")
+        if previous.model != model:
+            raise ApiError(400, f"previous_response_id: {req.previous_response_id!r} "
+                           f"was made by model {previous.model!r}, not {model!r}; a "
+                           "conversation continues on the same model",
+                           "invalid_request_error", field="previous_response_id")
+        history = list(previous.history)
+    conversation = history + req.messages
+    await asyncio.to_thread(T.check_tool_turns, conversation, "input", indexed=False)
+    messages = ([{"role": "system", "content": req.instructions}] if req.instructions
+                else []) + conversation
+    gen = engine.generator
+    kwargs = template_kwargs(gen, (), req.reasoning_effort, "reasoning.effort")
+    prompt, fmt = await asyncio.to_thread(tool_prompt, gen, messages, tools, "input", kwargs)
+    thinking = await asyncio.to_thread(thinks, gen, prompt, kwargs)
+    limit = gen.output_limit(len(prompt), req.max_output_tokens, field="max_output_tokens",
+                             prompt_field="input")
+    running = start(request, gen, prompt, req.params, limit, grammar=grammar)
+    rid, created, item_id = W.new_id("resp"), int(time.time()), W.new_id("msg")
+    reasoning_id = W.new_id("rs")
 
-        async def finished(text: str, finish: Finish) -> dict[str, Any]:
-            choice = W.Choice(text=text, finish_reason=finish.reason)
-            reasoning_tokens = await asyncio.to_thread(split_choice, gen, choice, finish,
-                                                       thinking)
-            await asyncio.to_thread(settle_tools, choice, tools, fmt)  # off the event loop
-            text = choice.text
-            usage = W.Usage.of([finish], reasoning_tokens)
-            _usage_log(request, model, usage, rt.metrics)
-            status = W.response_status(finish.reason)
-            output = [W.function_call_item(c) for c in choice.tool_calls]
-            if text or not output:
-                output.insert(0, W.output_message(item_id, text, status))
-            if choice.reasoning is not None:
-                output.insert(0, W.reasoning_item(reasoning_id, choice.reasoning))
-            body = W.response_object(rid, created, model, req, status=status, limit=limit,
-                                     output=output, usage=usage)
-            if req.store:
-                said: dict[str, Any] = {"role": "assistant", "content": text}
-                if choice.tool_calls:
-                    said["tool_calls"] = [{"id": c.id, "name": c.name,
-                                           "arguments": c.arguments}
-                                          for c in choice.tool_calls]
-                entry = Stored(body, model, req.input_items, conversation + [said])
-                if not store.put(rid, entry):
-                    body["store"] = False  # too large to keep: say so, never pretend
-            return body
+    async def finished(text: str, finish: Finish) -> dict[str, Any]:
+        choice = W.Choice(text=text, finish_reason=finish.reason)
+        reasoning_tokens = await asyncio.to_thread(split_choice, gen, choice, finish,
+                                                   thinking)
+        await asyncio.to_thread(settle_tools, choice, tools, fmt)  # off the event loop
+        text = choice.text
+        usage = W.Usage.of([finish], reasoning_tokens)
+        _usage_log(request, model, usage)
+        status = W.response_status(finish.reason)
+        output = [W.function_call_item(c) for c in choice.tool_calls]
+        if text or not output:
+            output.insert(0, W.output_message(item_id, text, status))
+        if choice.reasoning is not None:
+            output.insert(0, W.reasoning_item(reasoning_id, choice.reasoning))
+        body = W.response_object(rid, created, model, req, status=status, limit=limit,
+                                 output=output, usage=usage)
+        if req.store:
+            said: dict[str, Any] = {"role": "assistant", "content": text}
+            if choice.tool_calls:
+                said["tool_calls"] = [{"id": c.id, "name": c.name,
+                                       "arguments": c.arguments}
+                                      for c in choice.tool_calls]
+            entry = Stored(body, model, req.input_items, conversation + [said])
+            if not store.put(rid, entry):
+                body["store"] = False  # too large to keep: say so, never pretend
+        return body
 
-        if not req.stream:
-            choices, finishes = await collect(request, running)
-            return StrictJSONResponse(await finished(choices[0].text, finishes[0]))
+    if not req.stream:
+        choices, finishes = await collect(request, running)
+        return StrictJSONResponse(await finished(choices[0].text, finishes[0]))
 
-        async def events() -> AsyncIterator[bytes]:
-            seq = 0
+    async def events() -> AsyncIterator[bytes]:
+        seq = 0
 
-            def event(kind: str, **data: Any) -> bytes:
-                nonlocal seq
-                frame = W.sse({"type": kind, "sequence_number": seq, **data}, event=kind)
-                seq += 1
-                return frame
+        def event(kind: str, **data: Any) -> bytes:
+            nonlocal seq
+            frame = W.sse({"type": kind, "sequence_number": seq, **data}, event=kind)
+            seq += 1
+            return frame
 
-            start_obj = W.response_object(rid, created, model, req, status="in_progress",
-                                          limit=limit)
-            text = ""
-            try:
-                yield event("response.created", response=start_obj)
-                yield event("response.in_progress", response=start_obj)
-                if tools is not None:  # the whole reply first: its calls are checked
-                    async for _, ev in merge(running):
-                        if isinstance(ev, Delta):
-                            text += ev.text
-                            continue
-                        error = _failure(ev)
-                        if error is not None:
-                            raise error
-                        body = await finished(text, ev)
-                        for index, item in enumerate(body["output"]):
-                            for kind, data in W.output_item_events(item, index):
-                                yield event(kind, **data)
-                        yield event(f"response.{body['status']}", response=body)
-                    return
-                splitter = R.ReasoningSplitter(thinking)
-                content = reasoning = ""
-                opened: list[str] = []  # "reasoning", "message": items added, in order
-                think = {"item_id": reasoning_id, "output_index": 0, "content_index": 0}
-
-                def close_reasoning() -> list[bytes]:
-                    item = W.reasoning_item(reasoning_id, reasoning)
-                    return [event("response.reasoning_text.done", **think, text=reasoning),
-                            event("response.output_item.done", output_index=0, item=item)]
-
-                def open_message() -> list[bytes]:
-                    frames = close_reasoning() if opened == ["reasoning"] else []
-                    opened.append("message")
-                    index = opened.index("message")
-                    return frames + [
-                        event("response.output_item.added", output_index=index,
-                              item=W.output_message(item_id, "", "in_progress")),
-                        event("response.content_part.added", item_id=item_id,
-                              output_index=index, content_index=0, part=W.output_text(""))]
-
-                def emit(parts: list[tuple[str, str]]) -> list[bytes]:
-                    nonlocal content, reasoning
-                    frames: list[bytes] = []
-                    for kind, piece in parts:
-                        if kind == "reasoning" and "message" not in opened:
-                            if not opened:
-                                opened.append("reasoning")
-                                frames.append(event(
-                                    "response.output_item.added", output_index=0,
-                                    item={**W.reasoning_item(reasoning_id, "", "in_progress"),
-                                          "content": []}))
-                            reasoning += piece
-                            frames.append(event("response.reasoning_text.delta", **think,
-                                                delta=piece))
-                            continue
-                        if "message" not in opened:
-                            frames += open_message()
-                        content += piece
-                        frames.append(event("response.output_text.delta", item_id=item_id,
-                                            output_index=opened.index("message"),
-                                            content_index=0, delta=piece, logprobs=[]))
-                    return frames
-
+        start_obj = W.response_object(rid, created, model, req, status="in_progress",
+                                      limit=limit)
+        text = ""
+        try:
+            yield event("response.created", response=start_obj)
+            yield event("response.in_progress", response=start_obj)
+            if tools is not None:  # the whole reply first: its calls are checked
                 async for _, ev in merge(running):
                     if isinstance(ev, Delta):
-                        if ev.text:
-                            text += ev.text
-                            for frame in emit(splitter.feed(ev.text)):
-                                yield frame
+                        text += ev.text
                         continue
                     error = _failure(ev)
                     if error is not None:
                         raise error
-                    for frame in emit(splitter.flush()):
-                        yield frame
-                    if splitter.reasoned and not opened:  # an empty think block
-                        opened.append("reasoning")
-                        yield event("response.output_item.added", output_index=0,
-                                    item={**W.reasoning_item(reasoning_id, "", "in_progress"),
-                                          "content": []})
-                    if "message" not in opened:
-                        for frame in open_message():
-                            yield frame
                     body = await finished(text, ev)
-                    index = opened.index("message")
-                    place = {"item_id": item_id, "output_index": index}
-                    yield event("response.output_text.done", **place, content_index=0,
-                                text=content, logprobs=[])
-                    yield event("response.content_part.done", **place, content_index=0,
-                                part=W.output_text(content))
-                    yield event("response.output_item.done", output_index=index,
-                                item=body["output"][index])
+                    for index, item in enumerate(body["output"]):
+                        for kind, data in W.output_item_events(item, index):
+                            yield event(kind, **data)
                     yield event(f"response.{body['status']}", response=body)
-            except Exception as exc:
-                error = exc if isinstance(exc, ApiError) else ApiError.of(
-                    "internal_error", "generation failed; it has been logged with this "
-                    "request id")
-                if not isinstance(exc, ApiError):
-                    log.error("responses stream failed", exc_info=exc)
-                log_fields(request)["stream_error"] = error.kind
-                yield event("error", code=error.kind, message=error.message, param=None)
-                failed = {**start_obj, "status": "failed",
-                          "error": {"code": "server_error", "message": error.message}}
-                yield event("response.failed", response=failed)
-            finally:
-                running.cancel()
+                return
+            splitter = R.ReasoningSplitter(thinking)
+            content = reasoning = ""
+            opened: list[str] = []  # "reasoning", "message": items added, in order
+            think = {"item_id": reasoning_id, "output_index": 0, "content_index": 0}
 
-        return EventStream(events(), running)
+            def close_reasoning() -> list[bytes]:
+                item = W.reasoning_item(reasoning_id, reasoning)
+                return [event("response.reasoning_text.done", **think, text=reasoning),
+                        event("response.output_item.done", output_index=0, item=item)]
 
-    # ------------------------------------------------------------------ embeddings
+            def open_message() -> list[bytes]:
+                frames = close_reasoning() if opened == ["reasoning"] else []
+                opened.append("message")
+                index = opened.index("message")
+                return frames + [
+                    event("response.output_item.added", output_index=index,
+                          item=W.output_message(item_id, "", "in_progress")),
+                    event("response.content_part.added", item_id=item_id,
+                          output_index=index, content_index=0, part=W.output_text(""))]
 
-    @app.post("/v1/embeddings", dependencies=auth, tags=_TAGS,
-              responses=_ok(S.EmbeddingResponseModel),
-              openapi_extra=body_spec("EmbeddingRequestModel"),
-              summary="OpenAI Embeddings: a sentence-embedding model's vectors (task "
-              "embedding), or a decoder's mean-pooled final hidden states")
-    @_openai_errors
-    async def embeddings(request: Request) -> Response:
-        rt.require_engine(task=None)  # ready (or a 503) before the body is read
-        req = await read_openai(request, W.parse_embeddings, "POST /v1/embeddings")
-        # without a model: the first embedding model, else the default decoder
-        engine = rt.engine_for(req.model, task="embedding")
-        model, backend = engine.served_name, engine.backend
-        encoder = is_embedding(engine)
-        if not encoder and not engine.capabilities.embeds:
-            raise ContractError("model", f"model {model!r} has no embedding support")
-        width = (backend.dimensions if encoder
-                 else getattr(getattr(backend, "config", None), "hidden_size", None))
-        if req.dimensions is not None and width is not None and req.dimensions > width:
-            raise ContractError("dimensions", f"expected at most {width} (the model's "
-                                f"{'embedding' if encoder else 'hidden'} size), got "
-                                f"{req.dimensions}")
-        if encoder:
-            encoded = []
-            for i, item in enumerate(req.inputs):
-                if isinstance(item, list):
-                    limits.check_vocabulary(f"input[{i}]", item, backend.vocab_size)
-                encoded.append(backend.wrap(item) if isinstance(item, list)
-                               else await asyncio.to_thread(backend.encode, item))
-            for i, ids in enumerate(encoded):  # refused, never truncated
-                if len(ids) > backend.max_tokens:
-                    raise limits.too_long(
-                        f"input[{i}]", len(ids), backend.max_tokens,
-                        limits.ENCODER_LIMIT, what=f"input[{i}]",
-                        advice="shorten the input")
-            vectors = await rt.run(request, lambda: backend.embed(encoded), engine)
-        else:
-            total_limit = engine.generator.max_input_tokens
-            encoded, total = [], 0
-            for i, item in enumerate(req.inputs):
-                ids = (engine.generator.text_prompt(item, f"input[{i}]")
-                       if isinstance(item, list)
-                       else await asyncio.to_thread(backend.encode, item))
-                limits.check_tokens(f"input[{i}]", len(ids), max_input_tokens=total_limit,
-                                    context=engine.generator.context_length,
-                                    what=f"input[{i}]")
-                total += len(ids)
-                if total > total_limit:  # one request reads at most one prompt's worth
-                    raise limits.too_long(
-                        "input", total, total_limit, what=f"input[0..{i}]",
-                        when=" together", advice="split them over several requests")
-                encoded.append(ids)
-            vectors = await read_in_steps(request, engine, backend.embedding_reader(encoded))
-        tokens = sum(len(ids) for ids in encoded)
-        log_fields(request).update(model=model, input_tokens=tokens)
-        return StrictJSONResponse(W.embeddings_response(model, vectors, req, tokens))
+            def emit(parts: list[tuple[str, str]]) -> list[bytes]:
+                nonlocal content, reasoning
+                frames: list[bytes] = []
+                for kind, piece in parts:
+                    if kind == "reasoning" and "message" not in opened:
+                        if not opened:
+                            opened.append("reasoning")
+                            frames.append(event(
+                                "response.output_item.added", output_index=0,
+                                item={**W.reasoning_item(reasoning_id, "", "in_progress"),
+                                      "content": []}))
+                        reasoning += piece
+                        frames.append(event("response.reasoning_text.delta", **think,
+                                            delta=piece))
+                        continue
+                    if "message" not in opened:
+                        frames += open_message()
+                    content += piece
+                    frames.append(event("response.output_text.delta", item_id=item_id,
+                                        output_index=opened.index("message"),
+                                        content_index=0, delta=piece, logprobs=[]))
+                return frames
 
-    # ------------------------------------------------------------------ stored responses
+            async for _, ev in merge(running):
+                if isinstance(ev, Delta):
+                    if ev.text:
+                        text += ev.text
+                        for frame in emit(splitter.feed(ev.text)):
+                            yield frame
+                    continue
+                error = _failure(ev)
+                if error is not None:
+                    raise error
+                for frame in emit(splitter.flush()):
+                    yield frame
+                if splitter.reasoned and not opened:  # an empty think block
+                    opened.append("reasoning")
+                    yield event("response.output_item.added", output_index=0,
+                                item={**W.reasoning_item(reasoning_id, "", "in_progress"),
+                                      "content": []})
+                if "message" not in opened:
+                    for frame in open_message():
+                        yield frame
+                body = await finished(text, ev)
+                index = opened.index("message")
+                place = {"item_id": item_id, "output_index": index}
+                yield event("response.output_text.done", **place, content_index=0,
+                            text=content, logprobs=[])
+                yield event("response.content_part.done", **place, content_index=0,
+                            part=W.output_text(content))
+                yield event("response.output_item.done", output_index=index,
+                            item=body["output"][index])
+                yield event(f"response.{body['status']}", response=body)
+        except Exception as exc:
+            error = exc if isinstance(exc, ApiError) else ApiError.of(
+                "internal_error", "generation failed; it has been logged with this "
+                "request id")
+            if not isinstance(exc, ApiError):
+                log.error("responses stream failed", exc_info=exc)
+            log_fields(request)["stream_error"] = error.kind
+            yield event("error", code=error.kind, message=error.message, param=None)
+            failed = {**start_obj, "status": "failed",
+                      "error": {"code": "server_error", "message": error.message}}
+            yield event("response.failed", response=failed)
+        finally:
+            running.cancel()
 
-    def stored(rid: str) -> Stored:
-        rt.require_engine()
-        entry = store.get(rid)
-        if entry is None:
-            raise ApiError.of("not_found", f"no stored response {rid!r}: unknown, expired "
-                              f"(kept {store.max_age:g} s), evicted or deleted; only "
-                              "responses created with store: true are kept", field="response_id")
-        return entry
+    return EventStream(events(), running)
 
-    @app.get("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS,
-             responses={200: {"model": S.ResponseObjectModel}, **_STORED_ERRORS},
-             summary="A stored response")
-    @_openai_errors
-    async def get_response(request: Request, response_id: str) -> Response:
-        return StrictJSONResponse(stored(response_id).response)
+# ------------------------------------------------------------------ embeddings
 
-    @app.delete("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS,
-                responses={200: {"model": S.ResponseDeletedModel}, **_STORED_ERRORS},
-                summary="Delete a stored response")
-    @_openai_errors
-    async def delete_response(request: Request, response_id: str) -> Response:
-        stored(response_id)
-        store.delete(response_id)
-        return StrictJSONResponse({"id": response_id, "object": "response", "deleted": True})
+async def embeddings(request: Request) -> Response:
+    rt = _runtime(request)
+    rt.require_engine(task=None)  # ready (or a 503) before the body is read
+    req = await read_openai(request, W.parse_embeddings, "POST /v1/embeddings")
+    # without a model: the first embedding model, else the default decoder
+    engine = rt.engine_for(req.model, task="embedding")
+    model, backend = engine.served_name, engine.backend
+    encoder = is_embedding(engine)
+    if not encoder and not engine.capabilities.embeds:
+        raise ContractError("model", f"model {model!r} has no embedding support")
+    width = (backend.dimensions if encoder
+             else getattr(getattr(backend, "config", None), "hidden_size", None))
+    if req.dimensions is not None and width is not None and req.dimensions > width:
+        raise ContractError("dimensions", f"expected at most {width} (the model's "
+                            f"{'embedding' if encoder else 'hidden'} size), got "
+                            f"{req.dimensions}")
+    if encoder:
+        encoded = []
+        for i, item in enumerate(req.inputs):
+            if isinstance(item, list):
+                limits.check_vocabulary(f"input[{i}]", item, backend.vocab_size)
+            encoded.append(backend.wrap(item) if isinstance(item, list)
+                           else await asyncio.to_thread(backend.encode, item))
+        for i, ids in enumerate(encoded):  # refused, never truncated
+            if len(ids) > backend.max_tokens:
+                raise limits.too_long(
+                    f"input[{i}]", len(ids), backend.max_tokens,
+                    limits.ENCODER_LIMIT, what=f"input[{i}]",
+                    advice="shorten the input")
+        vectors = await rt.run(request, lambda: backend.embed(encoded), engine)
+    else:
+        total_limit = engine.generator.max_input_tokens
+        encoded, total = [], 0
+        for i, item in enumerate(req.inputs):
+            ids = (engine.generator.text_prompt(item, f"input[{i}]")
+                   if isinstance(item, list)
+                   else await asyncio.to_thread(backend.encode, item))
+            limits.check_tokens(f"input[{i}]", len(ids), max_input_tokens=total_limit,
+                                context=engine.generator.context_length,
+                                what=f"input[{i}]")
+            total += len(ids)
+            if total > total_limit:  # one request reads at most one prompt's worth
+                raise limits.too_long(
+                    "input", total, total_limit, what=f"input[0..{i}]",
+                    when=" together", advice="split them over several requests")
+            encoded.append(ids)
+        vectors = await read_in_steps(request, engine, backend.embedding_reader(encoded))
+    tokens = sum(len(ids) for ids in encoded)
+    log_fields(request).update(model=model, input_tokens=tokens)
+    return StrictJSONResponse(W.embeddings_response(model, vectors, req, tokens))
 
-    @app.get("/v1/responses/{response_id}/input_items", dependencies=auth, tags=_TAGS,
-             responses={200: {"model": S.ResponseInputItemsModel}, **_STORED_ERRORS},
-             openapi_extra=_input_items_query(),
-             summary="The input items of a stored response (limit, order, after, before)")
-    @_openai_errors
-    async def input_items(request: Request, response_id: str) -> Response:
-        entry = stored(response_id)
-        return StrictJSONResponse(
-            W.input_items_page(entry.input_items, dict(request.query_params)))
+# ------------------------------------------------------------------ stored responses
+
+def stored(request: Request, rid: str) -> Stored:
+    """The stored response ``rid``, or a 404 that says why it may be gone."""
+    _runtime(request).require_engine()
+    store = _state(request).store
+    entry = store.get(rid)
+    if entry is None:
+        raise ApiError.of("not_found", f"no stored response {rid!r}: unknown, expired "
+                          f"(kept {store.max_age:g} s), evicted or deleted; only "
+                          "responses created with store: true are kept", field="response_id")
+    return entry
+
+
+async def get_response(request: Request, response_id: str) -> Response:
+    return StrictJSONResponse(stored(request, response_id).response)
+
+
+async def delete_response(request: Request, response_id: str) -> Response:
+    stored(request, response_id)
+    _state(request).store.delete(response_id)
+    return StrictJSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+async def input_items(request: Request, response_id: str) -> Response:
+    entry = stored(request, response_id)
+    return StrictJSONResponse(
+        W.input_items_page(entry.input_items, dict(request.query_params)))
 
 
 def _take(lp: W.TextLogprobs | None) -> W.TextLogprobs | None:
@@ -995,3 +982,49 @@ async def _replay_completion(body: dict[str, Any], include_usage: bool) -> Async
     if include_usage:
         yield W.sse({**body, "choices": []})
     yield W.DONE
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def register(app: FastAPI, auth: list[Any]) -> None:
+    """Serve the generation routes behind ``auth``: module-level handlers (see
+    :mod:`onepass.server.routes_decisions` for why not an ``APIRouter``) that find the runtime
+    and this app's :class:`GenerationState` on ``app.state``."""
+    app.state.generation = GenerationState()
+    app.post("/v1/chat/completions", dependencies=auth, tags=_TAGS,
+             responses=_ok(S.ChatCompletionResponseModel, "chat.completion.chunk events "
+                           "ending with data: [DONE]"),
+             openapi_extra=body_spec("ChatCompletionRequestModel"),
+             summary="OpenAI Chat Completions (text), streaming with stream: true",
+             )(_openai_errors(chat_completions))
+    app.post("/v1/completions", dependencies=auth, tags=_TAGS,
+             responses=_ok(S.CompletionResponseModel, "text_completion chunks ending with "
+                           "data: [DONE]"),
+             openapi_extra=body_spec("CompletionRequestModel"),
+             summary="OpenAI Completions: text or token-id prompt; max_tokens 0 with echo "
+             "and logprobs scores the prompt")(_openai_errors(completions))
+    app.post("/v1/responses", dependencies=auth, tags=_TAGS,
+             responses=_ok(S.ResponseObjectModel, "lifecycle events: response.created, "
+                           "response.in_progress, response.output_text.delta ..., then "
+                           "response.completed or response.incomplete"),
+             openapi_extra=body_spec("ResponseRequestModel"),
+             summary="OpenAI Responses (text): streaming lifecycle events, store, "
+             "previous_response_id")(_openai_errors(responses))
+    app.post("/v1/embeddings", dependencies=auth, tags=_TAGS,
+             responses=_ok(S.EmbeddingResponseModel),
+             openapi_extra=body_spec("EmbeddingRequestModel"),
+             summary="OpenAI Embeddings: a sentence-embedding model's vectors (task "
+             "embedding), or a decoder's mean-pooled final hidden states",
+             )(_openai_errors(embeddings))
+    app.get("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS,
+            responses={200: {"model": S.ResponseObjectModel}, **_STORED_ERRORS},
+            summary="A stored response")(_openai_errors(get_response))
+    app.delete("/v1/responses/{response_id}", dependencies=auth, tags=_TAGS,
+               responses={200: {"model": S.ResponseDeletedModel}, **_STORED_ERRORS},
+               summary="Delete a stored response")(_openai_errors(delete_response))
+    app.get("/v1/responses/{response_id}/input_items", dependencies=auth, tags=_TAGS,
+            responses={200: {"model": S.ResponseInputItemsModel}, **_STORED_ERRORS},
+            openapi_extra=_input_items_query(),
+            summary="The input items of a stored response (limit, order, after, before)",
+            )(_openai_errors(input_items))
