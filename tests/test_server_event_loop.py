@@ -88,10 +88,11 @@ def encoded(engine, monkeypatch):
 def _tools_prompt(engine):
     """The 1.5 MB tools body of the issue (120 tools of 60 properties): 834,400 tokens."""
     from onepass.server import openai as W
-    from onepass.server.routes_generation import _active, tool_prompt
+    from onepass.server.generation_serving import active_tools, tool_prompt
 
     req = W.parse_chat(json.loads(_tools_body(invalid_last=False)))
-    return lambda: tool_prompt(engine.generator, req.messages, _active(req.tools), "messages")
+    return lambda: tool_prompt(engine.generator, req.messages, active_tools(req.tools),
+                               "messages")
 
 
 def test_prompts_over_the_limit_are_refused_before_tokenizing(engine, encoded):

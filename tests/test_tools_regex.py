@@ -180,8 +180,8 @@ def test_ordinary_patterns_still_decide_calls():
 def test_the_route_answers_a_slow_pattern_with_a_400_naming_it():
     """settle_tools (what every generation route calls on a finished reply) turns it into
     the tools' 400, an ApiError, so a stream reports it as it is, not as a 500."""
+    from onepass.server import generation_serving as R
     from onepass.server import openai as W
-    from onepass.server import routes_generation as R
     from onepass.server.errors import ApiError
 
     choice = W.Choice(text=call({"x": SLOW}), finish_reason="stop")
