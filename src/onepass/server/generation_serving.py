@@ -428,6 +428,22 @@ async def read_in_steps(request: Request, engine: Any, reader: Reader) -> Any:
         stop.set()  # no-op once read; else the scheduler drops it at the next step
 
 
+async def framed(frames: AsyncIterator[bytes], request: Request, running: Running
+                 ) -> AsyncIterator[bytes]:
+    """A chat or completions event stream: ``frames``, then ``data: [DONE]``. A failure after
+    the status line is sent becomes a final error frame (:func:`error_frames`), and the
+    request's sequences are cancelled however the stream ends (a client gone included)."""
+    try:
+        async for frame in frames:
+            yield frame
+    except Exception as exc:  # the status line is sent: report it in the stream
+        async for frame in error_frames(exc, request):
+            yield frame
+    finally:
+        running.cancel()
+    yield W.DONE
+
+
 async def error_frames(exc: BaseException, request: Request) -> AsyncIterator[bytes]:
     if isinstance(exc, ApiError):
         error = exc

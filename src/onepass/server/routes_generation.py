@@ -37,9 +37,9 @@ from onepass.server.generation_serving import (
     active_tools,
     collect,
     compile_grammar,
-    error_frames,
     failure,
     forwarded,
+    framed,
     generation_state,
     merge,
     openai_errors,
@@ -155,63 +155,56 @@ async def chat_completions(request: Request) -> Response:
                        else {"content": text}))))
             return frames
 
-        try:
-            for i in range(req.n):
-                yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
-            async for i, event in merge(running):
-                if isinstance(event, Delta) and tools is not None:
-                    held[i].text += event.text
-                    held[i].tokens.extend(event.tokens)
-                    continue
-                if isinstance(event, Delta):
-                    pending[i].extend(event.tokens)
-                    for frame in pieces(i, splitters[i].feed(event.text)):
-                        yield frame
-                    continue
-                error = failure(event)
-                if error is not None:
-                    raise error
-                finishes.append(event)
-                reason = event.reason
-                if tools is None:
-                    for frame in pieces(i, splitters[i].flush()):
-                        yield frame
-                    if pending[i] and req.logprobs:  # held-back text's tokens
-                        yield W.sse(W.chat_chunk(cid, created, model, i, content="",
-                                                 tokens=pending[i]))
-                    if splitters[i].reasoned:
-                        reasoning_tokens += await asyncio.to_thread(
-                            R.reasoning_token_count, event.token_ids, gen.backend.decode,
-                            thinking)
-                if tools is not None:
-                    choice = held[i]
-                    choice.finish_reason = reason
-                    reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice,
-                                                                event, thinking)
-                    if choice.reasoning:
-                        yield W.sse(W.chat_chunk(cid, created, model, i,
-                                                 reasoning_content=choice.reasoning))
-                    await asyncio.to_thread(settle_tools, choice, tools, fmt)
-                    reason = choice.finish_reason
-                    if choice.text:
-                        yield W.sse(W.chat_chunk(
-                            cid, created, model, i, content=choice.text,
-                            tokens=choice.tokens if req.logprobs else None))
-                    for delta in W.tool_call_deltas(choice.tool_calls):
-                        yield W.sse(W.chat_chunk(cid, created, model, i, tool_calls=delta))
-                yield W.sse(W.chat_chunk(cid, created, model, i, finish_reason=reason))
-            usage = W.Usage.of(finishes, reasoning_tokens)
-            usage_log(request, model, usage)
-            if req.include_usage:
-                yield W.sse(W.usage_chunk(cid, created, model, usage))
-        except Exception as exc:  # the status line is sent: report it in the stream
-            async for frame in error_frames(exc, request):
-                yield frame
-        finally:
-            running.cancel()
-        yield W.DONE
+        for i in range(req.n):
+            yield W.sse(W.chat_chunk(cid, created, model, i, role=True, content=""))
+        async for i, event in merge(running):
+            if isinstance(event, Delta) and tools is not None:
+                held[i].text += event.text
+                held[i].tokens.extend(event.tokens)
+                continue
+            if isinstance(event, Delta):
+                pending[i].extend(event.tokens)
+                for frame in pieces(i, splitters[i].feed(event.text)):
+                    yield frame
+                continue
+            error = failure(event)
+            if error is not None:
+                raise error
+            finishes.append(event)
+            reason = event.reason
+            if tools is None:
+                for frame in pieces(i, splitters[i].flush()):
+                    yield frame
+                if pending[i] and req.logprobs:  # held-back text's tokens
+                    yield W.sse(W.chat_chunk(cid, created, model, i, content="",
+                                             tokens=pending[i]))
+                if splitters[i].reasoned:
+                    reasoning_tokens += await asyncio.to_thread(
+                        R.reasoning_token_count, event.token_ids, gen.backend.decode,
+                        thinking)
+            if tools is not None:
+                choice = held[i]
+                choice.finish_reason = reason
+                reasoning_tokens += await asyncio.to_thread(split_choice, gen, choice,
+                                                            event, thinking)
+                if choice.reasoning:
+                    yield W.sse(W.chat_chunk(cid, created, model, i,
+                                             reasoning_content=choice.reasoning))
+                await asyncio.to_thread(settle_tools, choice, tools, fmt)
+                reason = choice.finish_reason
+                if choice.text:
+                    yield W.sse(W.chat_chunk(
+                        cid, created, model, i, content=choice.text,
+                        tokens=choice.tokens if req.logprobs else None))
+                for delta in W.tool_call_deltas(choice.tool_calls):
+                    yield W.sse(W.chat_chunk(cid, created, model, i, tool_calls=delta))
+            yield W.sse(W.chat_chunk(cid, created, model, i, finish_reason=reason))
+        usage = W.Usage.of(finishes, reasoning_tokens)
+        usage_log(request, model, usage)
+        if req.include_usage:
+            yield W.sse(W.usage_chunk(cid, created, model, usage))
 
-    return EventStream(events(), running)
+    return EventStream(framed(events(), request, running), running)
 
 # ------------------------------------------------------------------ completions
 
@@ -282,40 +275,33 @@ async def completions(request: Request) -> Response:
     async def events() -> AsyncIterator[bytes]:
         finishes: list[Finish] = []
         logprobs = [fresh_logprobs() for _ in range(req.n)]
-        try:
-            if req.echo:
-                for i in range(req.n):
-                    lp = logprobs[i]
-                    yield W.sse(W.text_completion(
-                        cid, created, model, [echo_text], [None],
-                        [_take(lp)], None, first_index=i))
-            async for i, event in merge(running):
+        if req.echo:
+            for i in range(req.n):
                 lp = logprobs[i]
-                if isinstance(event, Delta):
-                    if lp is not None:
-                        lp.add_generated(event.tokens)
-                    yield W.sse(W.text_completion(cid, created, model, [event.text],
-                                                  [None], [_take(lp)], None,
-                                                  first_index=i))
-                    continue
-                error = failure(event)
-                if error is not None:
-                    raise error
-                finishes.append(event)
-                yield W.sse(W.text_completion(cid, created, model, [""], [event.reason],
-                                              [None], None, first_index=i))
-            usage = W.Usage.of(finishes)
-            usage_log(request, model, usage)
-            if req.include_usage:
-                yield W.sse(W.text_completion(cid, created, model, [], [], [], usage))
-        except Exception as exc:
-            async for frame in error_frames(exc, request):
-                yield frame
-        finally:
-            running.cancel()
-        yield W.DONE
+                yield W.sse(W.text_completion(
+                    cid, created, model, [echo_text], [None],
+                    [_take(lp)], None, first_index=i))
+        async for i, event in merge(running):
+            lp = logprobs[i]
+            if isinstance(event, Delta):
+                if lp is not None:
+                    lp.add_generated(event.tokens)
+                yield W.sse(W.text_completion(cid, created, model, [event.text],
+                                              [None], [_take(lp)], None,
+                                              first_index=i))
+                continue
+            error = failure(event)
+            if error is not None:
+                raise error
+            finishes.append(event)
+            yield W.sse(W.text_completion(cid, created, model, [""], [event.reason],
+                                          [None], None, first_index=i))
+        usage = W.Usage.of(finishes)
+        usage_log(request, model, usage)
+        if req.include_usage:
+            yield W.sse(W.text_completion(cid, created, model, [], [], [], usage))
 
-    return EventStream(events(), running)
+    return EventStream(framed(events(), request, running), running)
 
 # ------------------------------------------------------------------ responses
 
