@@ -108,6 +108,7 @@ def _input_items_query() -> dict[str, Any]:
 
 # ------------------------------------------------------------------ chat
 
+
 async def chat_completions(request: Request) -> Response:
     req = await read_openai(request, W.parse_chat, "POST /v1/chat/completions")
     if (remote := await forwarded(request, req.model, "/v1/chat/completions")) is not None:
@@ -206,7 +207,9 @@ async def chat_completions(request: Request) -> Response:
 
     return EventStream(framed(events(), request, running), running)
 
+
 # ------------------------------------------------------------------ completions
+
 
 async def completions(request: Request) -> Response:
     req = await read_openai(request, W.parse_completion, "POST /v1/completions")
@@ -303,7 +306,9 @@ async def completions(request: Request) -> Response:
 
     return EventStream(framed(events(), request, running), running)
 
+
 # ------------------------------------------------------------------ responses
+
 
 async def responses(request: Request) -> Response:
     req = await read_openai(request, W.parse_responses, "POST /v1/responses")
@@ -491,7 +496,9 @@ async def responses(request: Request) -> Response:
 
     return EventStream(events(), running)
 
+
 # ------------------------------------------------------------------ embeddings
+
 
 async def embeddings(request: Request) -> Response:
     rt = runtime(request)
@@ -544,7 +551,9 @@ async def embeddings(request: Request) -> Response:
     log_fields(request).update(model=model, input_tokens=tokens)
     return StrictJSONResponse(W.embeddings_response(model, vectors, req, tokens))
 
+
 # ------------------------------------------------------------------ stored responses
+
 
 def stored(request: Request, rid: str) -> Stored:
     """The stored response ``rid``, or a 404 that says why it may be gone."""
