@@ -433,18 +433,20 @@ def _target_matrix(golds: Sequence[int] | Sequence[Sequence[float]], shape: tupl
 
 
 def temperature_nll(log_probs: Sequence[Sequence[float]] | np.ndarray,
-                    golds: Sequence[int] | Sequence[Sequence[float]],
+                    golds: Sequence[int] | Sequence[Sequence[float]] | np.ndarray,
                     temperature: float) -> float:
     """Mean negative log-likelihood of the golds under ``softmax(log p / T)``, each row over
     its own options (rows may differ in length); a gold is an option index or a target
-    distribution over the row's options (the cross-entropy against it)."""
+    distribution over the row's options (the cross-entropy against it). Either may come
+    prepared: ``log_probs`` padded (:func:`_padded`), ``golds`` as :func:`_target_matrix`."""
     z = log_probs if isinstance(log_probs, np.ndarray) else _padded(log_probs)
     if not len(z):
         return 0.0
     scaled = z / temperature
     top = scaled.max(axis=1)
     lse = top + np.log(np.exp(scaled - top[:, None]).sum(axis=1))
-    targets = _target_matrix(golds, z.shape)
+    targets = golds if isinstance(golds, np.ndarray) and golds.ndim == 2 else \
+        _target_matrix(golds, z.shape)
     return float((lse - (targets * np.where(np.isfinite(scaled), scaled, 0.0)).sum(axis=1))
                  .mean())
 
@@ -458,11 +460,12 @@ def fit_temperature(log_probs: Sequence[Sequence[float]],
     if not len(golds):
         return 1.0
     z = _padded(log_probs)
+    targets = _target_matrix(golds, z.shape)  # once: the search evaluates ~60 temperatures
     ratio = (math.sqrt(5) - 1) / 2
     lo, hi = -4.0, 4.0
 
     def nll(u: float) -> float:
-        return temperature_nll(z, golds, math.exp(-u))
+        return temperature_nll(z, targets, math.exp(-u))
 
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
     fa, fb = nll(a), nll(b)

@@ -145,9 +145,9 @@ _BEARER = HTTPBearer(auto_error=False, description="Only when the server runs wi
 def api_key_check(api_key: str | None) -> list[Any]:
     """The dependency list every API route takes: none without a key, else a bearer check
     (a missing key 403, a wrong one 401, compared in constant time)."""
-    if not api_key:
+    key = api_key.strip().encode() if api_key else b""
+    if not key:  # a blank key is no key (ServerSettings refuses one anyway)
         return []
-    key = api_key.strip().encode()
 
     async def check_key(
         credentials: HTTPAuthorizationCredentials | None = Depends(_BEARER),  # noqa: B008
