@@ -428,17 +428,26 @@ async def read_in_steps(request: Request, engine: Any, reader: Reader) -> Any:
         stop.set()  # no-op once read; else the scheduler drops it at the next step
 
 
-async def framed(frames: AsyncIterator[bytes], request: Request, running: Running
+async def framed(frames: AsyncIterator[bytes | W.Usage], request: Request, running: Running,
+                 model: str, usage_frame: Callable[[W.Usage], dict[str, Any]] | None
                  ) -> AsyncIterator[bytes]:
-    """A chat or completions event stream: ``frames``, then ``data: [DONE]``. A failure after
-    the status line is sent becomes a final error frame (:func:`error_frames`), and the
+    """A chat or completions event stream: ``frames``, then ``data: [DONE]``.
+
+    ``frames`` ends with its :class:`~.openai.Usage`: this logs it (:func:`usage_log`) and,
+    when the client asked for usage (``usage_frame``), sends it as the last chunk. A failure
+    after the status line is sent becomes a final error frame (:func:`error_frames`), and the
     request's sequences are cancelled however the stream ends (a client gone included)."""
     try:
         async for frame in frames:
-            yield frame
+            if isinstance(frame, W.Usage):
+                usage_log(request, model, frame)
+                if usage_frame is not None:
+                    yield W.sse(usage_frame(frame))
+            else:
+                yield frame
     except Exception as exc:  # the status line is sent: report it in the stream
-        async for frame in error_frames(exc, request):
-            yield frame
+        async for error in error_frames(exc, request):
+            yield error
     finally:
         running.cancel()
     yield W.DONE

@@ -138,7 +138,7 @@ async def chat_completions(request: Request) -> Response:
         return StrictJSONResponse(
             W.chat_completion(cid, created, model, choices, usage, req.logprobs))
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncIterator[bytes | W.Usage]:
         finishes: list[Finish] = []
         held = [W.Choice() for _ in range(req.n)]  # with tools: the whole reply first
         splitters = [R.ReasoningSplitter(thinking) for _ in range(req.n)]
@@ -200,12 +200,13 @@ async def chat_completions(request: Request) -> Response:
                 for delta in W.tool_call_deltas(choice.tool_calls):
                     yield W.sse(W.chat_chunk(cid, created, model, i, tool_calls=delta))
             yield W.sse(W.chat_chunk(cid, created, model, i, finish_reason=reason))
-        usage = W.Usage.of(finishes, reasoning_tokens)
-        usage_log(request, model, usage)
-        if req.include_usage:
-            yield W.sse(W.usage_chunk(cid, created, model, usage))
+        yield W.Usage.of(finishes, reasoning_tokens)
 
-    return EventStream(framed(events(), request, running), running)
+    def usage_chunk(usage: W.Usage) -> dict[str, Any]:
+        return W.usage_chunk(cid, created, model, usage)
+
+    return EventStream(framed(events(), request, running, model,
+                              usage_chunk if req.include_usage else None), running)
 
 
 # ------------------------------------------------------------------ completions
@@ -275,7 +276,7 @@ async def completions(request: Request) -> Response:
             cid, created, model, [echo_text + c.text for c in choices],
             [c.finish_reason for c in choices], logprobs, usage))
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncIterator[bytes | W.Usage]:
         finishes: list[Finish] = []
         logprobs = [fresh_logprobs() for _ in range(req.n)]
         if req.echo:
@@ -299,12 +300,13 @@ async def completions(request: Request) -> Response:
             finishes.append(event)
             yield W.sse(W.text_completion(cid, created, model, [""], [event.reason],
                                           [None], None, first_index=i))
-        usage = W.Usage.of(finishes)
-        usage_log(request, model, usage)
-        if req.include_usage:
-            yield W.sse(W.text_completion(cid, created, model, [], [], [], usage))
+        yield W.Usage.of(finishes)
 
-    return EventStream(framed(events(), request, running), running)
+    def usage_chunk(usage: W.Usage) -> dict[str, Any]:
+        return W.text_completion(cid, created, model, [], [], [], usage)
+
+    return EventStream(framed(events(), request, running, model,
+                              usage_chunk if req.include_usage else None), running)
 
 
 # ------------------------------------------------------------------ responses
