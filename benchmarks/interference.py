@@ -7,8 +7,8 @@ decision's open value (a greedy sequence), a decoder embedding and prompt scorin
 share steps with the streams instead of holding the model between them. This measures what a
 streaming client feels: the median and p90 gap between its tokens, with the streams alone and
 then while a second thread keeps asking open-field schema decisions, embeddings and prompt
-scores. ``--baseline`` also runs the open values the old way (the backend's own greedy loop,
-which holds the model lock for the whole value) to show the stall it caused.
+scores. (The backend's own greedy loop, which held the model lock for a whole open value and
+stalled every stream meanwhile, is gone: the scheduler is the one decode loop.)
 
 A benchmark prints ratios from one run; it asserts nothing (tests/test_one_executor.py does).
 """
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--tokens", type=int, default=48, help="tokens per stream")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    p.add_argument("--baseline", action="store_true",
-                   help="also run open values in the backend's own loop (the old path)")
+    p.add_argument("--step-tokens", type=int, default=0,
+                   help="the scheduler's tokens per step (0: its default)")
     args = p.parse_args(argv)
 
     import torch
@@ -116,22 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = DecisionEngine.from_pretrained()
+    if args.step_tokens:
+        engine.generation_options["step_tokens"] = args.step_tokens
     engine.share_steps()
     gaps(engine, args.streams, 8)  # warm-up: first forwards, arena allocation
     alone = summary(f"{args.streams} streams alone", gaps(engine, args.streams, args.tokens))
     shared = measure(engine, args, f"{args.streams} streams + other work")
     print(f"beside other work / alone: median {shared['median'] / alone['median']:.2f}x, "
           f"p90 {shared['p90'] / alone['p90']:.2f}x")
-    if args.baseline:
-        def own_loop(prompt, max_tokens, *, stop=None, matcher=None):
-            ids, _, cached = engine.backend.generate(prompt, max_tokens, stop=stop,
-                                                     matcher=matcher)
-            return ids, cached
-
-        engine.continuation = own_loop  # the old path: the backend lock for the whole value
-        old = measure(engine, args, f"{args.streams} streams + other work (old)")
-        print(f"old path beside other work / alone: median {old['median'] / alone['median']:.2f}x"
-              f", p90 {old['p90'] / alone['p90']:.2f}x, max {old['max'] / alone['max']:.2f}x")
     return 0
 
 

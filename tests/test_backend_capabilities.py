@@ -33,7 +33,14 @@ def test_a_remote_style_generate_reads_logits_only_and_kwargs_need_a_template():
 
 
 def test_the_real_backends_declare_what_the_routes_need(engine):
-    """The torch backend (the session's real model) can do everything the routes ask."""
+    """The torch backend (the session's real model) can do everything the routes ask, and
+    generates only in its steps: the step scheduler is its one decode loop."""
     assert engine.capabilities == Capabilities(
-        steps=True, generates=True, generates_text=True, embeds=True, cache_namespaces=True,
+        steps=True, generates=False, generates_text=True, embeds=True, cache_namespaces=True,
         vocab_statistics=True, template_kwargs=True, tool_templates=True)
+
+
+def test_steps_generate_text_without_a_generate_loop():
+    stepper = SimpleNamespace(step=lambda *a, **k: None, chat_template=None)
+    can = capabilities(stepper)
+    assert can.steps and can.generates_text and not can.generates

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -60,14 +61,20 @@ def check(schema: dict, value: dict) -> None:
 
 
 def counting(engine, monkeypatch) -> list[int]:
-    """Record the token bound of every generation the backend is asked for."""
-    generate, calls = engine.backend.generate, []
+    """Record every reading (0) and the token bound of every open value the model is asked
+    for, in its step scheduler."""
+    score, continuation, calls = engine.generator.scheduler.score, engine.continuation, []
 
-    def spy(tokens, max_new_tokens, **kw):
-        calls.append(max_new_tokens)
-        return generate(tokens, max_new_tokens, **kw)
+    def spied_score(prefix, suffixes, candidates, **kw):
+        calls.append(0)
+        return score(prefix, suffixes, candidates, **kw)
 
-    monkeypatch.setattr(engine.backend, "generate", spy)
+    def spied_continuation(prompt, max_tokens, **kw):
+        calls.append(max_tokens)
+        return continuation(prompt, max_tokens, **kw)
+
+    monkeypatch.setattr(engine, "scorer", spied_score)
+    monkeypatch.setattr(engine, "continuation", spied_continuation)
     return calls
 
 
@@ -153,13 +160,13 @@ def test_open_enum_with_a_pattern_generates_under_it_when_the_escape_wins(engine
     schema = {"properties": {"code": {
         "enum": ["XYZ-0000"], "x-open": True, "pattern": "^[A-Z]{3}-[0-9]{4}$",
         "description": "What is the invoice code?"}}}
-    generate = engine.backend.generate
+    score = engine.generator.scheduler.score
 
-    def toward_escape(tokens, max_new_tokens, **kw):
-        ids, logits, cached = generate(tokens, max_new_tokens, **kw)
-        return ids, [*logits[:-1], logits[-1] + 100.0] if logits else logits, cached
+    def toward_escape(prefix, suffixes, candidates, **kw):
+        result = score(prefix, suffixes, candidates, **kw)
+        return replace(result, logits=[[*row[:-1], row[-1] + 100.0] for row in result.logits])
 
-    monkeypatch.setattr(engine.backend, "generate", toward_escape)
+    monkeypatch.setattr(engine, "scorer", toward_escape)
     d = engine.decide_schema(CONTEXT, schema, mode="sequential", max_open_tokens=12)
     assert d.fields["code"].generated and d.fields["code"].label == "B"
     check(schema, d.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -83,8 +84,9 @@ def test_sequential_prompts_grow_and_reuse_the_whole_previous_prompt(engine):
         tail = engine.backend.decode(cur.tokens[len(prev.tokens):])
         # ... the tail starts with the chosen VALUE written back, not its label ...
         assert tail.lstrip().startswith(record_text(prev.value, engine.specials))
-        # ... and the cache served all of prompt k (reported by the backend, not assumed)
-        assert cur.cached_tokens == prev.prompt_tokens == len(prev.tokens)
+        # ... and the cache served prompt k (reported by the backend, not assumed) but its
+        # last token: a reading scores that token after the cached rest, in the model's steps
+        assert cur.cached_tokens == prev.prompt_tokens - 1 == len(prev.tokens) - 1
     assert d.usage["input_tokens"] == sum(f.prompt_tokens for f in fields)
     assert d.usage["cached_tokens"] == sum(f.cached_tokens for f in fields)
     assert d.usage["output_tokens"] == len(fields)
@@ -107,13 +109,13 @@ def test_sequential_answers_equal_a_no_cache_run(engine):
 
 
 class ProtocolOnly:
-    """The engine's backend seen through the plain protocol: no ``generate``."""
+    """The engine's backend seen through the plain protocol: no steps, no ``generate``."""
 
     def __init__(self, backend):
         self._backend = backend
 
     def __getattr__(self, name):
-        if name == "generate":
+        if name in ("step", "generate"):
             raise AttributeError(name)
         return getattr(self._backend, name)
 
@@ -122,7 +124,7 @@ def test_sequential_reuse_holds_on_a_protocol_only_backend(engine):
     from onepass.engine import DecisionEngine
 
     plain = DecisionEngine(ProtocolOnly(engine.backend), context=engine.context)
-    assert not hasattr(plain.backend, "generate")
+    assert not plain.capabilities.steps and not plain.capabilities.generates
     engine.backend.cache.clear()
     d = plain.decide_schema(CONTEXT, SCHEMA, mode="sequential")
     fast = engine.decide_schema(CONTEXT, SCHEMA, mode="sequential")
@@ -206,25 +208,24 @@ def test_sampling_with_a_seed_is_reproducible_and_stays_in_the_domain(engine):
 
 
 def _bias(engine, monkeypatch, toward_escape: bool):
-    """Make the escape win (or lose) by shifting the model's real logit for it."""
-    generate, score, calls = engine.backend.generate, engine.backend.score, []
+    """Make the escape win (or lose) by shifting the model's real logit for it in every reading
+    (the model's step scheduler: the one loop a library caller and the server share); returns
+    the open values generated, as ``(token bound, ids)``."""
+    score, continuation, calls = engine.generator.scheduler.score, engine.continuation, []
     shift = 100.0 if toward_escape else -100.0
 
-    def biased_generate(tokens, max_new_tokens, **kw):
-        ids, logits, cached = generate(tokens, max_new_tokens, **kw)
-        calls.append((max_new_tokens, ids))
-        if logits:
-            logits = [*logits[:-1], logits[-1] + shift]
-        return ids, logits, cached
-
-    def biased_score(prefix, suffixes, candidates):
-        result = score(prefix, suffixes, candidates)
+    def biased_score(prefix, suffixes, candidates, **kw):
+        result = score(prefix, suffixes, candidates, **kw)
         rows = [[*row[:-1], row[-1] + shift] for row in result.logits]
-        return type(result)(rows, result.cached_tokens)
+        return replace(result, logits=rows)
 
-    monkeypatch.setattr(engine.backend, "generate", biased_generate)
-    monkeypatch.setattr(engine.backend, "score", biased_score)
-    monkeypatch.setattr(engine, "scorer", None)  # a server test may have shared steps
+    def spied_continuation(prompt, max_tokens, **kw):
+        ids, cached = continuation(prompt, max_tokens, **kw)
+        calls.append((max_tokens, ids))
+        return ids, cached
+
+    monkeypatch.setattr(engine, "scorer", biased_score)
+    monkeypatch.setattr(engine, "continuation", spied_continuation)
     return calls
 
 
@@ -244,7 +245,7 @@ def test_open_branch_writes_text_only_when_the_escape_wins(engine, monkeypatch, 
     vendor = d.fields["vendor"]
     assert not vendor.generated and vendor.value in ("airline", "hotel")
     assert vendor.probabilities[ESCAPE_KEY] < 1e-6
-    assert all(n == 0 for n, _ in calls)  # nothing was generated
+    assert calls == []  # nothing was generated
 
     monkeypatch.undo()
     calls = _bias(engine, monkeypatch, toward_escape=True)
@@ -260,7 +261,7 @@ def test_open_branch_writes_text_only_when_the_escape_wins(engine, monkeypatch, 
     assert _string_end(before) is None and len(read_json_string(before)) <= 30
     prompt = [*vendor.tokens, *engine.backend.encode('"', bos=False), *generated[0]]
     assert (_string_end(text) is not None or len(generated[0]) == 12
-            or len(read_json_string(text)) > 30 or engine.backend.generate(prompt, 1)[0] == [])
+            or len(read_json_string(text)) > 30 or engine.continuation(prompt, 1)[0] == [])
     assert isinstance(vendor.value, str) and len(vendor.value) <= 30
     assert compile_schema(OPEN).validate(d.value) == []
     assert d.learned == {"vendor": vendor.value}
@@ -318,7 +319,7 @@ def _count_work(engine, monkeypatch) -> dict:
         raise AssertionError("the model ran for a request over the token limit")
 
     monkeypatch.setattr(engine.backend, "encode", counting)
-    for name in ("score", "prefill", "generate"):
+    for name in ("score", "prefill", "step"):
         monkeypatch.setattr(engine.backend, name, forbidden)
     return seen
 
@@ -356,19 +357,19 @@ class FakeClock:
 def test_a_run_past_its_time_limit_stops_between_fields(engine, monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(schema_module, "time", clock)
-    generate, calls = engine.backend.generate, []
+    score, calls = engine.generator.scheduler.score, []
 
-    def slow(tokens, max_new_tokens, **kw):  # every forward "takes" 6 s
-        calls.append(max_new_tokens)
+    def slow(prefix, suffixes, candidates, **kw):  # every reading "takes" 6 s
+        calls.append(len(suffixes))
         clock.now += 6.0
-        return generate(tokens, max_new_tokens, **kw)
+        return score(prefix, suffixes, candidates, **kw)
 
-    monkeypatch.setattr(engine.backend, "generate", slow)
+    monkeypatch.setattr(engine, "scorer", slow)
     with pytest.raises(ContractError) as err:
         engine.decide_schema(CONTEXT, SCHEMA, mode="sequential", time_limit=10.0)
     assert (err.value.kind, err.value.field) == ("request_too_large", "schema")
     assert "time limit of 10 s per request after 2 of 4 fields" in err.value.message
-    assert calls == [0, 0]  # the third field never reached the model
+    assert calls == [1, 1]  # the third field never reached the model
     assert engine.decide_schema(CONTEXT, SCHEMA, mode="batch", time_limit=10.0).value
 
 

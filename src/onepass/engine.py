@@ -782,11 +782,11 @@ class DecisionEngine:
         ``stop(ids)`` true, when ``matcher`` (a grammar matcher, advanced as it goes) is
         complete, or at ``max_tokens``.
 
-        With shared steps (the server) it is one more greedy sequence of the model's step
-        scheduler, so it never holds the model while other streams wait; a caller of its own
-        runs the backend's greedy loop. Both read the prompt through the prefix cache and
-        store it."""
-        if self.scorer is None or not self.capabilities.steps:
+        On a backend with steps it is one more greedy sequence of the model's step scheduler
+        (the one decode loop: the server's streams and a library caller's alike), so it never
+        holds the model while other streams wait; it reads the prompt through the prefix cache
+        and stores it. A backend without steps (llama.cpp, a remote engine) runs its own."""
+        if not self.capabilities.steps:
             ids, _, cached = self.backend.generate(prompt, max_tokens, stop=stop,
                                                    matcher=matcher)
             return ids, cached

@@ -1035,10 +1035,13 @@ def _score_prompt(
     """Candidate logits at the end of ``tokens``, leaving ``tokens`` (with shared steps: all
     but the last) in the cache."""
     backend = engine.backend
-    if engine.scorer is not None:  # the server: one more decision of the shared steps
-        result = engine.scorer(tokens[:-1], [tokens[-1:]], [candidates])
+    scorer = engine.scorer  # the server's: one more decision of the shared steps
+    if scorer is None and engine.capabilities.steps:
+        scorer = engine.generator.scheduler.score  # a library caller's: the same loop
+    if scorer is not None:
+        result = scorer(tokens[:-1], [tokens[-1:]], [candidates])
         return result.logits[0], result.cached_tokens
-    if engine.capabilities.generates:
+    if engine.capabilities.generates:  # llama.cpp, a remote engine: their own loop
         _, logits, cached = backend.generate(tokens, 0, candidates=candidates)
         return logits, cached
     # protocol-only backends: score the last token after the rest, then store the whole prompt

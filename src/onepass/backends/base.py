@@ -110,14 +110,15 @@ class Capabilities:
     engine, the schema runner and the routes ask these flags, never the backend itself.
 
     ``steps``: ``step``/``decode`` over sequences in a KV arena (the step scheduler: every
-    generation, shared decision steps, prompt readings). ``generates``: its own greedy
-    ``generate`` loop (the fallback without steps; ``generates_text`` False: it reads candidate
-    logits at the end of a prompt only). ``embeds``: ``embedding_reader`` (pooled decoder
-    embeddings). ``cache_namespaces``: a partitioned prefix cache (``cache_salt``,
-    ``prompt_cache_key``). ``vocab_statistics``: the full vocabulary's log-sum-exp and largest
-    logit as pseudo-candidates (``diagnostics``). ``template_kwargs``: ``render_chat(messages,
-    **kwargs)``. ``tool_templates``: ``render_chat_tools`` (a template's native tools).
-    ``forwards_generation``: ``forward_openai`` (a remote engine generates: the OpenAI
+    generation, open field and prompt reading; it generates text). ``generates``: a backend
+    without steps that runs its own greedy ``generate`` (llama.cpp, a remote engine;
+    ``generates_text`` False: it reads candidate logits at the end of a prompt only).
+    ``embeds``: ``embedding_reader`` (pooled decoder embeddings). ``cache_namespaces``: a
+    partitioned prefix cache (``cache_salt``, ``prompt_cache_key``). ``vocab_statistics``: the
+    full vocabulary's log-sum-exp and largest logit as pseudo-candidates (``diagnostics``).
+    ``template_kwargs``: ``render_chat(messages, **kwargs)``. ``tool_templates``:
+    ``render_chat_tools`` (a template's native tools). ``forwards_generation``:
+    ``forward_openai`` (a remote engine generates: the OpenAI
     generation routes send the client's request on to it)."""
 
     steps: bool = False
@@ -133,11 +134,12 @@ class Capabilities:
 
 def capabilities(backend: Any) -> Capabilities:
     """The :class:`Capabilities` of ``backend`` (its methods and declared flags)."""
+    steps = callable(getattr(backend, "step", None))
     generates = callable(getattr(backend, "generate", None))
     return Capabilities(
-        steps=callable(getattr(backend, "step", None)),
+        steps=steps,
         generates=generates,
-        generates_text=bool(getattr(backend, "generates_text", generates)),
+        generates_text=steps or bool(getattr(backend, "generates_text", generates)),
         embeds=callable(getattr(backend, "embedding_reader", None)),
         cache_namespaces=bool(getattr(backend, "cache_namespaces", False)),
         vocab_statistics=bool(getattr(backend, "vocab_statistics", False)),

@@ -248,19 +248,18 @@ class TorchBackend:
         past: KV | DynamicCache | None,
         mask: Any = None,
         segments: Segments | None = None,
-        decode: bool = False,
     ) -> tuple[torch.Tensor, KV]:
         """One forward over ``ids`` on top of ``past`` (stored key/values, or a cache object
         that grows in place). On the invariant attention, ``segments`` (default: one causal
-        sequence, ``ids`` following ``past``; ``decode``: one generated token) says which keys
-        each query reads; on an eager model, ``mask`` does."""
+        sequence, ``ids`` following ``past``) says which keys each query reads; on an eager
+        model, ``mask`` does."""
         cache = past if isinstance(past, DynamicCache) else (
             DynamicCache(ddp_cache_data=past) if past else DynamicCache())
         extra: dict[str, Any] = {}
         if self._segmented:
             if segments is None:
                 keys = torch.arange(cache.get_seq_length() + len(ids))
-                segments = Segments([Segment.causal(0, keys, positions, decode)])
+                segments = Segments([Segment.causal(0, keys, positions)])
             extra["onepass_segments"] = segments
         out = self.decoder(
             input_ids=torch.tensor([list(ids)], device=self.device),
@@ -659,71 +658,6 @@ class TorchBackend:
                 for kind in set(self.layer_types)
             }
         return build(self.window)
-
-    @torch.inference_mode()
-    def generate(
-        self,
-        tokens: Sequence[int],
-        max_new_tokens: int,
-        *,
-        stop: Any = None,
-        candidates: Sequence[int] = (),
-        matcher: Any = None,
-    ) -> tuple[list[int], list[float], int]:
-        """Greedy continuation of ``tokens``, the prompt going through the prefix cache.
-
-        The longest cached entry the prompt starts with is reused and the whole prompt is
-        stored, so a later prompt that extends this one reuses all of it (a sequential schema
-        decision pays one forward of its new tail). ``candidates`` are read at the prompt's last
-        position, before anything is generated: with ``max_new_tokens=0`` this is a score that
-        also caches the scored prompt. Decoding is greedy with a growing ``DynamicCache`` and
-        stops at a special token (not returned), when ``stop(ids_so_far)`` is true (that token
-        is returned) or after ``max_new_tokens``.
-
-        ``matcher`` (a :class:`~onepass.generate.grammar.Matcher`) constrains every step: the
-        argmax is taken over the tokens its mask allows, each chosen token is accepted, and
-        decoding ends when the grammar is done or its best allowed token is an end token (only
-        allowed once the text is complete) — so the output is a grammar prefix at the bound
-        and a complete sentence otherwise (see ``Matcher.argmax``).
-
-        Returns ``(generated ids, candidate logits, prompt tokens taken from the cache)``.
-        """
-        if not tokens:
-            raise ValueError("generate needs at least one prompt token")
-        tokens = list(tokens)
-        if matcher is not None and matcher.done:
-            max_new_tokens = 0  # nothing may follow (the prompt completed the grammar)
-        with self._lock:
-            cached, kv = self.cache.longest_prefix(tokens)
-            start = cached
-            if start == len(tokens):  # stored, but its last output is not: recompute one token
-                start -= 1
-                kv = tuple((k[:, :, :start], v[:, :, :start]) for k, v in kv) if start else None
-            hidden, kv = self._forward(tokens[start:], torch.arange(start, len(tokens)), kv)
-            if cached < len(tokens):
-                self.cache.put(tokens, kv)
-            logits = self._candidate_logits(hidden[-1:], [candidates])[0] if candidates else []
-            out: list[int] = []
-            if max_new_tokens <= 0:
-                return out, logits, cached
-            ends = self.special_ids
-            past = DynamicCache(ddp_cache_data=kv)
-            last = hidden[-1]
-            for position in range(len(tokens), len(tokens) + max_new_tokens):
-                row = self.lm_head(last)  # softcap is monotonic: skipped
-                token = int(torch.argmax(row)) if matcher is None else matcher.argmax(row)
-                if token in ends or (matcher is not None and token in matcher.info.eos_ids):
-                    break
-                out.append(token)
-                if matcher is not None:
-                    matcher.accept(token)
-                    if matcher.done:
-                        break
-                if len(out) == max_new_tokens or (stop is not None and stop(out)):
-                    break
-                last = self._forward([token], torch.tensor([position]), past,
-                                     decode=True)[0][-1]
-        return out, logits, cached
 
     def render_chat_tools(self, messages: list[dict[str, Any]],
                           tools: list[dict[str, Any]] | None, **template_kwargs: Any) -> str:
