@@ -1,4 +1,4 @@
-"""The OpenAI wire translation (server/openai.py) and the response store, without a model:
+"""The OpenAI wire translation (server/openai/) and the response store, without a model:
 bad bodies name their field, unimplemented fields are refused (never ignored), and every
 object we build is what the official SDK's own types accept."""
 

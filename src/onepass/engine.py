@@ -3,6 +3,9 @@
 The engine owns no tensors. It renders a request into one shared prefix and one suffix per
 question, gives every question checked single-token labels, asks the backend for the logits of
 those labels only, and turns them into typed answers.
+
+Size: the engine is the library's front door: each request kind (System One, typed helpers,
+schemas, generation) is a short method over the shared render-check-score-read path.
 """
 
 from __future__ import annotations

@@ -41,6 +41,10 @@ Layout of a sequential run (chat models; plain models use ``Answer:`` and blank 
     assistant: "travel"                                  ← value written back
     user:   <question 2>                                 ← label of field 2 read here
     …
+
+Size: compilation (pure: values, fields, ``compile_schema``) and the runner (prompt growth,
+open values, the two modes, the wire models) meet in ``SchemaField``; the pure half is the
+natural first split if the module grows.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ One request costs:
 
 Cached key/value tensors are never written to: each forward builds a fresh cache object whose
 layers concatenate new tensors onto the stored ones.
+
+Size: the backend protocol on one transformers model: the packed fast path, its naive
+reference, the prefix cache, step forwards and the readers that share them; each part reads
+the same model, cache and attention internals.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ with a large stack (:data:`COMPILE_STACK_BYTES`, where everything under the boun
 hundred times over), and probed: its first tokens are walked on a copy, so a grammar the
 parser cannot follow (llguidance's 2,000-item row limit) is a refusal at compile time, not a
 fault in the step loop.
+
+Size: everything that touches llguidance, kept in one module so that its API lives in exactly
+one place (compiling, bounding, probing, the per-sequence matcher).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ cached entry is a copy, so generated tokens never touch it.
 
 Consumers read a :class:`GenerationStream` (sync or async iteration) of :class:`Delta` events
 ending with one :class:`Finish`.
+
+Size: the one thread that plans a step over four kinds of work (sequences, decisions, readings
+and their admission); they share one token budget and one key/value arena, so their planning
+stays together.
 """
 
 from __future__ import annotations

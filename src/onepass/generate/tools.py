@@ -40,6 +40,9 @@ server), so calls are validated by :func:`validate_call`, whose validator matche
 ``regex`` under a timeout and releases the GIL; a pattern too slow for the arguments is a
 400 naming it. At parse time :func:`check_patterns` bounds each pattern's length and what the
 request's patterns unroll to when compiled.
+
+Size: rendering, forcing and parsing of tool calls change together with each call format
+(portable, template-native, Responses items), so they stay in one pure module.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ One run:
    without improvement;
 7. a checkpoint at every epoch end (and every ``checkpoint_steps``) that ``--resume`` continues
    from exactly.
+
+Size: one run's steps, in the order above; each is short, and split apart they would pass
+the run's state (model, optimiser, datasets, best checkpoint) from module to module.
 """
 
 from __future__ import annotations
