@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from server_process import live_latency, serve
+from server_process import live_latency
 from test_server_connections import _tools_body
 
 from onepass.contract import ContractError
@@ -48,11 +48,11 @@ BODIES = {
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    """A real `onepass serve`: the probe runs in another process, so it sees every pause of
-    the server's event loop (a garbage collection that stops all its threads included)."""
-    with serve(["--threads", "1"], tmp_path_factory.mktemp("loop") / "server.log") as u:
-        yield u
+def url(server):
+    """A real `onepass serve` (the session's default one): the probe runs in another process,
+    so it sees every pause of the server's event loop (a garbage collection that stops all
+    its threads included)."""
+    return server
 
 
 @pytest.mark.parametrize("name", list(BODIES))
