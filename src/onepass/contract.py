@@ -115,6 +115,18 @@ def finite_float(value: int | float) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def check_integer(field: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` as an integer from ``low`` to ``high`` (None: no upper bound), or a 400 that
+    names ``field``, in one wording for every route: a float or a bool is not an integer."""
+    want = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        got = repr(value) if isinstance(value, float) else _describe(value)
+        raise ContractError(field, f"expected {want}, got {got}")
+    if value < low or (high is not None and value > high):
+        raise ContractError(field, f"expected {want}, got {value}")
+    return value
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "null"

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from onepass import prompt as P
-from onepass.contract import DEFAULT_MODEL_ALIAS, ContractError, finite_float
+from onepass.contract import DEFAULT_MODEL_ALIAS, ContractError, check_integer, finite_float
 from onepass.limits import too_long, too_many, too_much_output
 from onepass.readout import argmax_first, restricted_softmax
 
@@ -1281,9 +1281,7 @@ def plan_decisions(
         raise ContractError("sample", f"expected true or false, got {_json_type(sample)}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ContractError("seed", f"expected an integer or null, got {_json_type(seed)}")
-    if (isinstance(max_open_tokens, bool) or not isinstance(max_open_tokens, int)
-            or not 1 <= max_open_tokens <= MAX_OPEN_TOKENS):
-        raise ContractError("max_open_tokens", f"expected an integer from 1 to {MAX_OPEN_TOKENS}")
+    check_integer("max_open_tokens", max_open_tokens, 1, MAX_OPEN_TOKENS)
     compiled = compile_schema(schema)
     if len(compiled.fields) > max_fields:
         raise too_many("schema", len(compiled.fields), "fields", max_fields, "max_questions",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from onepass.contract import ContractError, _describe
+from onepass.contract import ContractError, _describe, check_integer
 from onepass.limits import check_vocabulary
 
 MAX_STOPS = 4  # OpenAI's limit
@@ -126,13 +126,7 @@ def _check_float(name: str, value: Any) -> None:
 
 
 def _check_int(name: str, value: Any) -> None:
-    low, high = _INTS[name]
-    want = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    if isinstance(value, bool) or not isinstance(value, int):
-        got = repr(value) if isinstance(value, float) else _describe(value)
-        raise ContractError(name, f"expected {want}, got {got}")
-    if value < low or (high is not None and value > high):
-        raise ContractError(name, f"expected {want}, got {value}")
+    check_integer(name, value, *_INTS[name])
 
 
 def _stops(value: Any) -> tuple[str, ...]:

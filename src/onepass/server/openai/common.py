@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from onepass.contract import ContractError, _describe
+from onepass.contract import ContractError, _describe, check_integer
 from onepass.generate.grammar import GrammarSpec
 from onepass.generate.params import SamplingParams
 from onepass.generate.tools import (
@@ -158,15 +158,7 @@ def _bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
 
 def _int(body: Mapping[str, Any], name: str, low: int, high: int | None) -> int | None:
     value = body.get(name)
-    if value is None:
-        return None
-    want = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-    if isinstance(value, bool) or not isinstance(value, int):
-        got = repr(value) if isinstance(value, float) else _describe(value)
-        raise ContractError(name, f"expected {want}, got {got}")
-    if value < low or (high is not None and value > high):
-        raise ContractError(name, f"expected {want}, got {value}")
-    return value
+    return None if value is None else check_integer(name, value, low, high)
 
 
 def _sampling(body: Mapping[str, Any], logprobs: int | None,
