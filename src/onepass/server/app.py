@@ -18,7 +18,8 @@ request writes one structured access-log line.
 
 ``create_app`` only composes; each route family is a module of module-level handlers with a
 ``register(app, auth)``: ``routes_systemone``, ``routes_decisions``, ``routes_generation``,
-``generate_compat``, ``routes_ops``. Handlers find the runtime on ``app.state``.
+``routes_responses``, ``generate_compat``, ``routes_ops``. Handlers find the runtime on
+``app.state``.
 
 Modules: ``body`` (bytes → JSON), ``encoding`` (Content-Encoding with caps), ``errors``
 (envelope and status table), ``context`` (request id, access log, 500s), ``runtime`` (engine
@@ -54,6 +55,7 @@ from onepass.server.playground import register as register_playground
 from onepass.server.routes_decisions import register as register_decisions
 from onepass.server.routes_generation import register as register_generation
 from onepass.server.routes_ops import register as register_ops
+from onepass.server.routes_responses import register as register_responses
 from onepass.server.routes_systemone import ModelList, register_models, register_systemone
 from onepass.server.runtime import Runtime
 from onepass.server.settings import ServerSettings
@@ -227,7 +229,8 @@ def create_app(
     register_systemone(app, auth)  # POST /v1/systemone
     register_decisions(app, auth)  # POST /v1/decisions (OpenAI) and /v1/decisions/schema
     register_models(app, auth)  # GET /v1/models
-    register_generation(app, auth)  # OpenAI chat, completions, responses, embeddings
+    register_generation(app, auth)  # OpenAI chat, completions, embeddings
+    register_responses(app, auth)  # OpenAI Responses, stored responses
     register_generate_compat(app, auth)  # POST /generate: behind sglang-router
     register_playground(app, settings)  # GET /: the playground page (off: --no-playground)
     register_skill(app, settings)  # GET /.skill: how to call every route, for an LLM agent

@@ -1,5 +1,6 @@
 """The generation routes' shared path: what ``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/responses`` and ``/v1/embeddings`` (:mod:`.routes_generation`) do the same way.
+``/v1/responses`` and ``/v1/embeddings`` (:mod:`.routes_generation`, :mod:`.routes_responses`)
+do the same way.
 
 Read the body with the fields that had no effect noted (:func:`read_openai`), forward to a
 remote engine that serves the model (:func:`forwarded`), resolve the model before any work
@@ -40,6 +41,7 @@ from onepass.generate.streams import (
     SchedulerClosed,
 )
 from onepass.server import openai as W
+from onepass.server import openai_schema as S
 from onepass.server.body import read_json
 from onepass.server.context import StrictJSONResponse, log_fields, request_id
 from onepass.server.errors import STATUS_BY_KIND, ApiError, ClientGone, retry_headers
@@ -465,3 +467,42 @@ async def error_frames(exc: BaseException, request: Request) -> AsyncIterator[by
     yield W.sse(W.error_event(error.message, error.kind, error.status))
 
 
+# --------------------------------------------------------------------------- OpenAPI
+
+# the generation routes' tags and error responses in the OpenAPI document
+OPENAPI_TAGS = ["Generation (OpenAI-compatible)"]
+OPENAPI_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": S.OpenAIErrorResponse, "description": description}
+    for status, description in (
+        (400, "Invalid or unsupported parameter (error.param names it)"),
+        (401, "Wrong API key (only with --api-key)"),
+        (403, "Missing API key (only with --api-key)"),
+        (404, "Unknown model, or unknown/expired stored response"),
+        (413, "Body over max_body_bytes, or prompt over max_input_tokens"),
+        (415, "Unsupported Content-Encoding"),
+        (429, "Generation waiting line full: retry after retry-after-ms"),
+        (503, "Model loading or server shutting down"),
+    )
+}
+# a stored response is read or deleted: no body, no queue
+STORED_OPENAPI_ERRORS = {k: v for k, v in OPENAPI_ERRORS.items() if k not in (413, 415, 429)}
+
+
+def openapi_responses(model: type[Any], stream: str | None = None
+                      ) -> dict[int | str, dict[str, Any]]:
+    """The 200 response (its JSON model; with ``stream``, the event stream too) and the
+    errors, for the OpenAPI document."""
+    ok: dict[str, Any] = {"model": model, "description": "The object (stream: false)"}
+    if stream:
+        ok["description"] = f"The object (stream: false), or with stream: true {stream}"
+        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    return {200: ok, **OPENAPI_ERRORS}
+
+
+def attach_state(app: Any) -> GenerationState:
+    """This app's :class:`GenerationState` (``app.state.generation``), made by the first
+    generation route module that registers."""
+    state = getattr(app.state, "generation", None)
+    if state is None:
+        state = app.state.generation = GenerationState()
+    return state
