@@ -13,7 +13,6 @@ their registration.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,8 +55,6 @@ from onepass.server.generation_serving import (
 )
 from onepass.server.runtime import is_embedding
 from onepass.server.serving import body_spec
-
-log = logging.getLogger("onepass.server")
 
 # ------------------------------------------------------------------ chat
 
