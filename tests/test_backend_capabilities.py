@@ -20,15 +20,15 @@ def test_methods_and_declared_flags_are_read():
                            chat_template_kwargs=True, cache_namespaces=True,
                            vocab_statistics=True)
     assert capabilities(full) == Capabilities(
-        steps=True, generates=True, generates_text=True, embeds=True, cache_namespaces=True,
+        steps=True, generation_steps=True, generates=True, embeds=True, cache_namespaces=True,
         vocab_statistics=True, template_kwargs=True, tool_templates=True)
 
 
 def test_a_remote_style_generate_reads_logits_only_and_kwargs_need_a_template():
-    scorer = SimpleNamespace(generate=lambda *a, **k: None, generates_text=False,
+    scorer = SimpleNamespace(generate=lambda *a, **k: None,
                              chat_template=None, chat_template_kwargs=True)
     can = capabilities(scorer)
-    assert can.generates and not can.generates_text and not can.template_kwargs
+    assert can.generates and not can.generation_steps and not can.template_kwargs
     assert not capabilities(SimpleNamespace(step=None)).steps  # an attribute, not a method
 
 
@@ -36,11 +36,11 @@ def test_the_real_backends_declare_what_the_routes_need(engine):
     """The torch backend (the session's real model) can do everything the routes ask, and
     generates only in its steps: the step scheduler is its one decode loop."""
     assert engine.capabilities == Capabilities(
-        steps=True, generates=False, generates_text=True, embeds=True, cache_namespaces=True,
-        vocab_statistics=True, template_kwargs=True, tool_templates=True)
+        steps=True, generation_steps=True, generates=False, embeds=True, scores_prompts=True,
+        cache_namespaces=True, vocab_statistics=True, template_kwargs=True, tool_templates=True)
 
 
 def test_steps_generate_text_without_a_generate_loop():
     stepper = SimpleNamespace(step=lambda *a, **k: None, chat_template=None)
     can = capabilities(stepper)
-    assert can.steps and can.generates_text and not can.generates
+    assert can.steps and can.generation_steps and not can.generates

@@ -405,7 +405,7 @@ def test_a_plan_bounds_the_fields_and_the_open_text_of_one_request():
     plan = parse_decisions(FakeEngine(), many, max_fields=9)
     assert len(plan.compiled.fields) == 9 and plan.time_limit == MAX_DECISION_SECONDS
     engine = FakeEngine()
-    engine.capabilities = Capabilities(generates=True, generates_text=True)  # open fields
+    engine.capabilities = Capabilities(generates=True, generation_steps=True)  # open fields
     text = {"type": "string", "x-open": True}
     wide = {**GOOD, "schema": obj(**{f"t{i}": text for i in range(5)}), "max_open_tokens": 512}
     with pytest.raises(ContractError) as err:

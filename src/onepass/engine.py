@@ -785,11 +785,12 @@ class DecisionEngine:
         ``stop(ids)`` true, when ``matcher`` (a grammar matcher, advanced as it goes) is
         complete, or at ``max_tokens``.
 
-        On a backend with steps it is one more greedy sequence of the model's step scheduler
-        (the one decode loop: the server's streams and a library caller's alike), so it never
-        holds the model while other streams wait; it reads the prompt through the prefix cache
-        and stores it. A backend without steps (llama.cpp, a remote engine) runs its own."""
-        if not self.capabilities.steps:
+        It is one more greedy sequence of the model's step scheduler (the one decode loop:
+        the server's streams and a library caller's alike, on torch and llama.cpp), so it
+        never holds the model while other streams wait; it reads the prompt through the prefix
+        cache and stores it. A backend without generation steps (a remote engine) is asked
+        itself (and refuses)."""
+        if not self.capabilities.generation_steps:
             ids, _, cached = self.backend.generate(prompt, max_tokens, stop=stop,
                                                    matcher=matcher)
             return ids, cached

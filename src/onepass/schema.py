@@ -1287,7 +1287,7 @@ def plan_decisions(
         raise too_many("schema", len(compiled.fields), "fields", max_fields, "max_questions",
                        advice="split the schema")
     open_fields = [f for f in compiled.fields if f.open]
-    if open_fields and not engine.capabilities.generates_text:
+    if open_fields and not engine.capabilities.generation_steps:
         raise ContractError("schema", f"field {open_fields[0].path!r} is open (free text), which "
                             "needs a backend that generates text; this one only scores labels "
                             "(--backend torch or llamacpp generate)", kind="unsupported")

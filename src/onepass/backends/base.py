@@ -110,10 +110,16 @@ class Capabilities:
     engine, the schema runner and the routes ask these flags, never the backend itself.
 
     ``steps``: ``step``/``decode`` over sequences in a KV arena (the step scheduler: every
-    generation, open field and prompt reading; it generates text). ``generates``: a backend
-    without steps that runs its own greedy ``generate`` (llama.cpp, a remote engine;
-    ``generates_text`` False: it reads candidate logits at the end of a prompt only).
-    ``embeds``: ``embedding_reader`` (pooled decoder embeddings). ``cache_namespaces``: a
+    generation, open field and prompt reading; it generates text). ``generation_steps``: the
+    chat, completions and responses routes run on it in the step scheduler: ``steps``, or a
+    backend whose ``generation_steps(max_sequences)`` gives those calls for generation
+    sequences alone (llama.cpp: :mod:`~onepass.backends.llamacpp_steps`), and so do a
+    schema's open fields. ``generates``: a backend without
+    ``steps`` whose ``generate(tokens, 0, candidates=...)`` reads candidate logits at the end
+    of a prompt and keeps the prompt cached (a sequential schema reading: llama.cpp, a remote
+    engine).
+    ``embeds``: ``embedding_reader`` (pooled decoder embeddings). ``scores_prompts``:
+    ``scoring_reader`` (a prompt's own logprobs: /v1/completions with echo). ``cache_namespaces``: a
     partitioned prefix cache (``cache_salt``, ``prompt_cache_key``). ``vocab_statistics``: the
     full vocabulary's log-sum-exp and largest logit as pseudo-candidates (``diagnostics``).
     ``template_kwargs``: ``render_chat(messages, **kwargs)``. ``tool_templates``:
@@ -122,9 +128,10 @@ class Capabilities:
     generation routes send the client's request on to it)."""
 
     steps: bool = False
+    generation_steps: bool = False
     generates: bool = False
-    generates_text: bool = False
     embeds: bool = False
+    scores_prompts: bool = False
     cache_namespaces: bool = False
     vocab_statistics: bool = False
     template_kwargs: bool = False
@@ -136,11 +143,13 @@ def capabilities(backend: Any) -> Capabilities:
     """The :class:`Capabilities` of ``backend`` (its methods and declared flags)."""
     steps = callable(getattr(backend, "step", None))
     generates = callable(getattr(backend, "generate", None))
+    generation_steps = callable(getattr(backend, "generation_steps", None))
     return Capabilities(
         steps=steps,
+        generation_steps=steps or generation_steps,
         generates=generates,
-        generates_text=steps or bool(getattr(backend, "generates_text", generates)),
         embeds=callable(getattr(backend, "embedding_reader", None)),
+        scores_prompts=callable(getattr(backend, "scoring_reader", None)),
         cache_namespaces=bool(getattr(backend, "cache_namespaces", False)),
         vocab_statistics=bool(getattr(backend, "vocab_statistics", False)),
         template_kwargs=bool(getattr(backend, "chat_template", None))

@@ -9,6 +9,10 @@ the default: one pass over the weights for all suffixes. Prefix states are kept 
 bounded :class:`~onepass.cache.PrefixCache` as the torch backend, as llama.cpp sequence-state
 blobs (``llama_state_seq_get_data``), and the prefix live in sequence 0 is reused for free.
 
+Text generation (chat, completions, responses) runs in the model's one step scheduler, in a
+second llama.cpp context on the same weights (:mod:`onepass.backends.llamacpp_steps`): our
+sampler and grammars, the same prefix cache, and decisions interleaved between its steps.
+
 Tokenization, special tokens and the chat template come from the GGUF itself (the llama.cpp
 tokenizer and ``tokenizer.chat_template``), so the engine's labels are checked against the
 tokenizer that actually runs.
@@ -19,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,22 @@ STRATEGIES = ("sequences", "truncate")
 # and on how the prompt was split. Micro-batches of 32 stay on one path: a question scores the
 # same alone, among sixteen, or in one full decode, bit for bit, for ~25% more time on a miss.
 UBATCH = 32
+
+
+def decode_rows(lc: Any, ctx: Any, batch: Any, rows: Sequence[tuple[int, int, int, bool]]
+                ) -> None:
+    """One llama_decode of ``(token, position, sequence, wants_logits)`` rows in ``ctx``."""
+    batch.n_tokens = len(rows)
+    for i, (token, pos, seq, logits) in enumerate(rows):
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = logits
+    code = lc.llama_decode(ctx.ctx, batch)
+    if code != 0:
+        raise RuntimeError(f"llama_decode returned {code} (the KV cache of {ctx.n_ctx()} "
+                           "tokens is full? raise --n-ctx)")
 
 
 def _llama_cpp() -> Any:
@@ -120,19 +140,12 @@ class LlamaCppBackend:
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()
         self._model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=False)
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = min(n_ubatch, n_batch)
-        cparams.n_seq_max = max(1, max_sequences)
-        cparams.kv_unified = True  # sequences share cells: a copy of the prefix is free
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
+        self.n_threads = threads
+        self.n_ubatch = n_ubatch
+        self.max_sequences = max(1, max_sequences)
+        self._ctx = self.new_context(n_ctx, n_batch, self.max_sequences)
         self.n_ctx = self._ctx.n_ctx()
         self.n_batch = n_batch
-        self.max_sequences = int(cparams.n_seq_max)
-        self.n_threads = threads
         self._batch = lc.llama_batch_init(n_batch, 0, self.max_sequences)
         self._n_vocab = self._model.n_vocab()
         self._vocab = lc.llama_model_get_vocab(self._model.model)
@@ -155,6 +168,21 @@ class LlamaCppBackend:
         self.bos_id = self._model.token_bos() if self._model.add_bos_token() else None
         self.quantization = meta.get("general.file_type")
         self.weight_bytes = self._model.size()
+
+    def new_context(self, n_ctx: int, n_batch: int, max_sequences: int) -> Any:
+        """A llama.cpp context on this model's weights (the decisions' one, and generation's:
+        :mod:`onepass.backends.llamacpp_steps`)."""
+        from llama_cpp import _internals
+
+        cparams = self._lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(self.n_ubatch, n_batch)
+        cparams.n_seq_max = max_sequences
+        cparams.kv_unified = True  # sequences share cells: a copy of the prefix is free
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        return _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:
@@ -184,21 +212,7 @@ class LlamaCppBackend:
     # ------------------------------------------------------------------ llama.cpp calls
 
     def _decode(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
-        """One llama_decode of ``(token, position, sequence, wants_logits)`` rows."""
-        b = self._batch
-        b.n_tokens = len(rows)
-        for i, (token, pos, seq, logits) in enumerate(rows):
-            b.token[i] = token
-            b.pos[i] = pos
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = logits
-        code = self._lc.llama_decode(self._ctx.ctx, b)
-        if code != 0:
-            raise RuntimeError(
-                f"llama_decode returned {code} (the KV cache of {self.n_ctx} tokens is full? "
-                "raise --n-ctx)"
-            )
+        decode_rows(self._lc, self._ctx, self._batch, rows)
 
     def _row_logits(self, index: int, candidates: Sequence[int]) -> list[float]:
         ptr = self._lc.llama_get_logits_ith(self._ctx.ctx, index)
@@ -355,6 +369,13 @@ class LlamaCppBackend:
 
     # ------------------------------------------------------------------ generation
 
+    def generation_steps(self, max_sequences: int) -> Any:
+        """The step calls the generation scheduler drives (chat, completions, responses):
+        :class:`~onepass.backends.llamacpp_steps.LlamaCppSteps`, in a context of its own."""
+        from onepass.backends.llamacpp_steps import LlamaCppSteps
+
+        return LlamaCppSteps(self, max_sequences=max_sequences)
+
     @property
     def context_length(self) -> int:
         return self.n_ctx
@@ -374,52 +395,29 @@ class LlamaCppBackend:
         ids = {self._model.token_eos(), self._model.token_eot()}
         return frozenset(i for i in ids if i >= 0) | frozenset(self._control)
 
-    def generate(
-        self,
-        tokens: Sequence[int],
-        max_new_tokens: int,
-        *,
-        stop: Callable[[list[int]], bool] | None = None,
-        candidates: Sequence[int] = (),
-        matcher: Any = None,
-    ) -> tuple[list[int], list[float], int]:
-        """Greedy continuation of ``tokens`` through the prefix cache (the schema's open
-        branch and sequential scoring): the same contract as ``TorchBackend.generate``,
-        ``matcher`` included (argmax over the tokens the grammar allows, each one accepted)."""
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Every control token: a greedy open value ends at the first one (not returned)."""
+        return self.eos_ids
+
+    def generate(self, tokens: Sequence[int], max_new_tokens: int, *, stop: Any = None,
+                 candidates: Sequence[int] = ()) -> tuple[list[int], list[float], int]:
+        """Candidate logits at the end of ``tokens``, which stay cached (a sequential schema
+        reading). Text is generated in the step scheduler (:meth:`generation_steps`), not
+        here: ``max_new_tokens`` must be 0."""
+        if max_new_tokens > 0:
+            raise ValueError("the llamacpp backend generates in the step scheduler "
+                             "(generation_steps), not in generate()")
         if not tokens:
             raise ValueError("generate needs at least one prompt token")
-        tokens = list(tokens)
-        if matcher is not None and matcher.done:
-            max_new_tokens = 0
-        if len(tokens) + max(0, max_new_tokens) > self.n_ctx:
-            raise ValueError(f"{len(tokens)} prompt tokens + {max_new_tokens} new exceed the "
-                             f"context of {self.n_ctx}")
+        if len(tokens) > self.n_ctx:
+            raise ValueError(f"{len(tokens)} prompt tokens exceed the context of {self.n_ctx}")
         with self._lock:
             cached = self._restore(tokens, need_last=True)
             if not self._cached(tokens):
                 self._store(tokens)
             logits = self._row_logits(-1, candidates) if candidates else []
-            import numpy as np
-
-            out: list[int] = []
-            ends = self.eos_ids
-            for position in range(len(tokens), len(tokens) + max(0, max_new_tokens)):
-                row = self._lc.llama_get_logits_ith(self._ctx.ctx, -1)
-                scores = np.ctypeslib.as_array(row, shape=(self._n_vocab,))
-                best = (int(scores.argmax()) if matcher is None
-                        else matcher.argmax(scores))
-                if best in ends or (matcher is not None and best in matcher.info.eos_ids):
-                    break
-                out.append(best)
-                if matcher is not None:
-                    matcher.accept(best)
-                    if matcher.done:
-                        break
-                if len(out) == max_new_tokens or (stop is not None and stop(out)):
-                    break
-                self._decode([(best, position, 0, True)])
-                self._live.append(best)
-            return out, logits, cached
+        return [], logits, cached
 
 
 def load(

@@ -63,9 +63,13 @@ class TextGenerator:
         self.capabilities = capabilities(backend)
         self.max_input_tokens = max_input_tokens
         self.default_max_output_tokens = default_max_output_tokens
+        # a backend with its own step calls for generation alone (llama.cpp) keeps no rows
+        # for decisions: it scores them itself
+        steps = backend if self.capabilities.steps else backend.generation_steps(max_sequences)
         self.scheduler = GenerationScheduler(
-            backend, max_sequences=max_sequences, step_tokens=step_tokens,
+            steps, max_sequences=max_sequences, step_tokens=step_tokens,
             max_waiting=max_waiting, on_step=on_step, max_request_sequences=max_request_sequences,
+            decision_rows=None if steps is backend else 0,
         )
 
     @property

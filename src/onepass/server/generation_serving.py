@@ -357,12 +357,13 @@ def resolve(request: Request, model: str | None) -> tuple[Any, str]:
     """The engine serving ``model`` and its served name: checked before any work."""
     rt = runtime(request)
     engine = rt.require_engine(model)  # each served model by its own name; else 404
-    if not engine.capabilities.steps:  # llamacpp: no KV arena to generate in
+    if not engine.capabilities.generation_steps:
         raise ContractError("model", f"model {engine.served_name!r} is served by the "
                             f"{backend_kind(engine.backend)} backend, which does not "
-                            "generate through the OpenAI routes yet (it answers "
+                            "generate through the OpenAI routes (it answers "
                             "/v1/systemone and /v1/decisions); serve it with --backend "
-                            "torch, or from an engine with --backend remote, to generate")
+                            "torch or llamacpp, or from an engine with --backend remote, "
+                            "to generate")
     hooked = generation_state(request).schedulers
     if id(engine) not in hooked:
         hooked[id(engine)] = engine.generator.scheduler

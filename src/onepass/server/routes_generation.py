@@ -32,6 +32,7 @@ from onepass.server.generation_serving import (
     EventStream,
     active_tools,
     attach_state,
+    backend_kind,
     collect,
     compile_grammar,
     failure,
@@ -183,6 +184,10 @@ async def completions(request: Request) -> Response:
     if req.echo:
         echo_text = req.prompt if isinstance(req.prompt, str) else backend.decode(ids)
         if req.logprobs is not None:
+            if not engine.capabilities.scores_prompts:
+                raise ContractError("echo", f"model {engine.served_name!r} is served by the "
+                                    f"{backend_kind(backend)} backend, which does not score "
+                                    "prompts: echo with logprobs needs --backend torch")
             top = req.logprobs
             scored = await read_in_steps(request, engine, backend.scoring_reader(ids, top))
             echoed = W.TextLogprobs()

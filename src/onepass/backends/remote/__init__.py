@@ -42,8 +42,6 @@ class EngineError(ApiError):
 class RemoteBackend:
     """The backend protocol over HTTP: tokenizer local, forward passes remote."""
 
-    generates_text = False  # generate() reads candidate logits only: open schema fields are a 400
-
     def __init__(self, engine: str, url: str, tokenizer: Any, *, name: str,
                  model: str | None = None, timeout: float = 60.0, client: Any = None,
                  parallel: int = 8, verify: bool = True, api_key: str | None = None):
