@@ -5,9 +5,13 @@
   dtype and thread count, same prompt, same number of new tokens;
 * aggregate decode throughput of 1, 4 and 8 concurrent streams (continuous batching: one
   forward per step for every running sequence), in process or, with ``--url``, over HTTP
-  through ``/v1/chat/completions`` streaming.
+  through ``/v1/chat/completions`` streaming;
+* with ``--llamacpp``, the same on the embedded GGUF: onepass's llamacpp backend (our step
+  scheduler and sampler over llama.cpp) against llama-cpp-python's own ``Llama.generate`` on
+  the same file and thread count.
 
-    .venv/bin/python benchmarks/generation.py [--tokens 64] [--threads 2] [--url http://127.0.0.1:8080]
+    .venv/bin/python benchmarks/generation.py [--tokens 64] [--threads 2] \
+        [--url http://127.0.0.1:8080] [--llamacpp]
 """
 
 from __future__ import annotations
@@ -95,14 +99,69 @@ def aggregate_http(url: str, n: int, tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - start)
 
 
+def llama_cpp_python(path: str, prompt: list[int], tokens: int, threads: int
+                     ) -> tuple[float, float]:
+    """(time to first token, decode tokens/s) of llama-cpp-python's own greedy loop."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=threads, verbose=False)
+    runs = []
+    for _ in range(2):  # the first run warms up
+        llm.reset()  # no prompt reuse: onepass's prefix cache is cleared for its runs too
+        start = time.perf_counter()
+        first = None
+        for count, _token in enumerate(llm.generate(prompt, temp=0.0, reset=True), start=1):
+            first = first or time.perf_counter()
+            if count == tokens:
+                break
+        end = time.perf_counter()
+        runs.append((first - start, (tokens - 1) / max(end - first, 1e-9)))
+    llm.close()
+    return runs[-1]
+
+
+def compare_llamacpp(tokens: int, threads: int, repeats: int) -> None:
+    """The GGUF rows: onepass's llamacpp backend against llama-cpp-python on the same file."""
+    from onepass.backends.llamacpp import load
+
+    backend = load(n_threads=threads)
+    engine = DecisionEngine(backend)
+    prompts = [engine.generator.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
+    onepass_single(engine, prompts[0], 8)  # warm-up (builds the generation context)
+    theirs = [llama_cpp_python(str(backend.path), prompts[0], tokens, threads)
+              for _ in range(repeats)]
+    ours = [onepass_single(engine, prompts[0], tokens) for _ in range(repeats)]
+    t_ttft, t_rate = (statistics.median(x[i] for x in theirs) for i in (0, 1))
+    o_ttft, o_rate = (statistics.median(x[i] for x in ours) for i in (0, 1))
+    print(f"\nembedded GGUF, single stream, {tokens} tokens, {threads} threads, "
+          f"median of {repeats}")
+    print("| | time to first token | decode tokens/s |")
+    print("|---|---|---|")
+    print("| llama-cpp-python Llama.generate | 1.00 | 1.00 |")
+    print(f"| onepass --backend llamacpp | {o_ttft / t_ttft:.2f}x | {o_rate / t_rate:.2f}x |")
+    print(f"(absolute: llama-cpp-python {t_ttft * 1000:.0f} ms / {t_rate:.1f} tok/s; "
+          f"onepass {o_ttft * 1000:.0f} ms / {o_rate:.1f} tok/s)")
+    print("\naggregate tokens/s of concurrent streams, relative to llama-cpp-python's one "
+          "stream (its Llama serves one sequence at a time)")
+    print("| streams | onepass llamacpp |\n|---|---|")
+    for n in (1, 4, 8):
+        print(f"| {n} | {aggregate_in_process(engine, prompts[:n], tokens) / t_rate:.2f}x |")
+    backend.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--url", help="also measure concurrency over HTTP against this server")
+    parser.add_argument("--llamacpp", action="store_true",
+                        help="only the GGUF rows: onepass llamacpp vs llama-cpp-python")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.llamacpp:
+        compare_llamacpp(args.tokens, args.threads, args.repeats)
+        return
     engine = DecisionEngine.from_pretrained()
     prompts = [engine.generator.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
     onepass_single(engine, prompts[0], 8)  # warm-up
