@@ -55,7 +55,8 @@ def test_contract_debias_field():
     assert parse_request(_choice(TEAMS)).debias is None
     assert parse_request(_choice(TEAMS, "rotations+content-free")).debias == \
         "rotations+content-free"
-    for bad in ("all", 1, True, "content-free+rotations"):
+    assert parse_request(_choice(TEAMS, "name-order")).debias == "name-order"
+    for bad in ("all", 1, True, "content-free+rotations", "name-order+rotations"):
         with pytest.raises(ContractError) as err:
             parse_request(_choice(TEAMS, bad))
         assert err.value.field == "debias"
@@ -72,6 +73,33 @@ def test_rotations_are_order_invariant_and_none_is_not(engine):
         assert max(abs(probs[k] - rotated[0][0][k]) for k in TEAMS) < TOL
         assert answer["choice"] == rotated[0][1]["choice"]
     assert sum(rotated[0][0].values()) == pytest.approx(1.0)
+
+
+def test_name_order_is_order_invariant_at_the_cost_of_none(engine):
+    """Any permutation of the declared options reads the same prompt: the same distribution,
+    bit for bit, mapped back to each declaration, from one suffix as under ``none``."""
+    orders = [list(TEAMS), list(reversed(TEAMS)), ["technical", "billing", "account", "shipping"]]
+    named = [_probs(engine, o, debias="name-order") for o in orders]
+    for probs, answer in named[1:]:
+        assert probs == named[0][0] and answer["choice"] == named[0][1]["choice"]
+    # it is the declared-order reading of the options sorted by name
+    assert _probs(engine, sorted(TEAMS), debias="none")[0] == named[0][0]
+    plain = engine.answer(_choice(orders[1]), debias="none")["usage"]
+    assert engine.answer(_choice(orders[1], "name-order"))["usage"] == plain
+
+
+def test_name_order_keeps_noul_and_score_orders(engine):
+    q = parse_request({"state": "x", "questions": {
+        "n": {"type": "noul", "instructions": "It is raining."},
+        "s": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "mid", "high"]},
+        "c": {"type": "choice", "instructions": "Pick", "criteria": {"b": None, "c": None,
+                                                                     "a": None}},
+    }}).questions
+    for question in q[:2]:
+        assert engine.readings(question, "name-order") == engine.readings(question, "none")
+    ((position, order),) = engine.readings(q[2], "name-order+content-free")
+    assert order == (2, 0, 1)
+    assert all(line in position.suffix for line in ("A) a", "B) b", "C) c"))
 
 
 def test_rotations_read_more_suffixes_in_one_forward(engine):

@@ -38,7 +38,8 @@ TYPED_LM_ALIAS = "typed-lm"  # the name typed-lm's own server answers to (its do
 NOUL_LABEL_SETS = ({"yes", "no"}, {"true", "false"})
 
 QuestionType = Literal["noul", "choice", "score"]
-DebiasMode = Literal["none", "rotations", "content-free", "rotations+content-free"]
+DebiasMode = Literal["none", "name-order", "rotations", "content-free",
+                     "name-order+content-free", "rotations+content-free"]
 DEBIAS_MODES: tuple[str, ...] = get_args(DebiasMode)
 """``debias`` (an onepass extension field of the request): ``rotations`` reads every cyclic
 rotation of each question's options in the same forward and combines them, so the answer does
@@ -473,7 +474,9 @@ class SystemOneRequestModel(BaseModel):
         "one full-vocabulary projection per question")
     debias: DebiasMode | None = Field(
         default=None,
-        description="onepass extension: 'rotations' scores every cyclic rotation of each "
+        description="onepass extension: 'name-order' reads a choice's options sorted by name "
+        "(any declared order reads the same prompt: order-invariant at no cost); "
+        "'rotations' scores every cyclic rotation of each "
         "question's options in the same forward and averages them back in declared order "
         "(order-invariant answers, more input tokens); 'content-free' divides out the "
         "answer the model gives about a blank document (its prior for the question); "

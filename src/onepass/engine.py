@@ -468,7 +468,10 @@ class DecisionEngine:
         candidates in order.
 
         ``none`` (and ``content-free``, which reads the same positions twice): the declared
-        order, one position. ``rotations``: a choice's options are put
+        order, one position. ``name-order``: a choice's options in a canonical order (by
+        name), one position: any permutation of the declared options reads the same prompt,
+        so the order cannot move the answer, at no cost (typed-lm's labelling); nouls and
+        scores keep their order. ``rotations``: a choice's options are put
         in a canonical order (by name) and every cyclic rotation of it is a position, so any
         permutation of the declared options reads the same prompts (order-invariant to float
         error, K positions, not K!). A noul's yes/no and a score's levels keep their order
@@ -478,20 +481,16 @@ class DecisionEngine:
         rotations of the canonical order are read (still order-invariant: the canonical order
         does not depend on the declared one; each option is first in only some of them).
         """
-        n = len(q.options)
-        if "rotations" not in debias.split("+") or n < 2:
+        n, modes = len(q.options), debias.split("+")
+        canonical = sorted(range(n), key=lambda i: q.options[i])
+        if q.type == "choice" and n > 1 and "name-order" in modes:
+            return [self._in_order(q, tuple(canonical))]
+        if "rotations" not in modes or n < 2:
             return [(self.question_position(q), tuple(range(n)))]
         if q.type == "choice":
-            canonical = sorted(range(n), key=lambda i: q.options[i])
             count = min(n, self.max_rotations)
-            out = []
-            for r in sorted({i * n // count for i in range(count)}):
-                order = tuple(canonical[r:] + canonical[:r])
-                out.append((self.position(
-                    q.type, q.instructions, [q.options[i] for i in order],
-                    [q.descriptions[i] for i in order],
-                ), order))
-            return out
+            return [self._in_order(q, tuple(canonical[r:] + canonical[:r]))
+                    for r in sorted({i * n // count for i in range(count)})]
         base = self.question_position(q)
         if tuple(lb.text for lb in base.labels) == P.NOUL_WORDS:
             return [(base, tuple(range(n)))]
@@ -505,6 +504,11 @@ class DecisionEngine:
             out.append((self._checked(P.render_suffix(self.format, block, self.style), labels),
                         tuple(range(n))))
         return out
+
+    def _in_order(self, q: Question, order: tuple[int, ...]) -> Reading:
+        """A choice's position with its options in ``order`` (declared indices)."""
+        return (self.position(q.type, q.instructions, [q.options[i] for i in order],
+                              [q.descriptions[i] for i in order]), order)
 
     def _checked(self, suffix: str, labels: tuple[P.Label, ...]) -> Position:
         """A position whose labels were chosen elsewhere, checked in its own context."""
@@ -877,7 +881,7 @@ def adapter_order_warning(adapter: str | None, debias: str) -> str | None:
     An adapter trained on the declared option order (the trainer's default) may have learned
     the label letters instead of the names (measured in docs/quality.md: CLINC150 0.55 in the
     trained order, 0.12 under rotations)."""
-    if not adapter or "rotations" not in debias.split("+"):
+    if not adapter or not {"rotations", "name-order"} & set(debias.split("+")):
         return None
     config = Path(adapter) / "adapter_config.json"
     if config.is_file() and json.loads(config.read_text()).get("option_orders") == "rotations":
