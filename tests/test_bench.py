@@ -32,12 +32,14 @@ def test_bench_writes_every_section(engine, data_dir, tmp_path):
     stages = []
     report = run(engine, config, lambda stage, done, total: stages.append(stage))
     rows = report["results"]["banking77"]
-    assert set(rows) == {"none", "none+calibration", "rotations", "rotations+calibration",
+    assert set(rows) == {"none", "none+calibration", "name-order", "name-order+calibration",
+                         "rotations", "rotations+calibration",
                          "rotations+content-free", "rotations+content-free+calibration",
                          "none+teach1"}
     for row in rows.values():
         assert row["n"] == 3 and 0 <= row["accuracy"] <= 1 and 0 <= row["ece"] <= 1
         assert 0 < row["label_mass"] <= 1  # the median answer's mass on the option labels
+    assert report["flip"]["name-order"]["mean_tv"] == 0.0  # one prompt for every order
     for debias in ("rotations", "rotations+content-free"):
         assert report["flip"][debias]["flip_rate"] == 0.0
         assert report["flip"][debias]["mean_tv"] < 1e-3

@@ -6,7 +6,8 @@ What it measures, every number from this one run (no torch here: the engine does
   CLINC150 domain membership as a yes/no question (``clinc150-noul``, half yes): accuracy,
   Brier, ECE, the median label mass (how much of its probability the model put on the option
   labels over the first 50 records: low means the readout reads noise) and reliability
-  diagrams for each setting: zero-shot (``none``), ``rotations``,
+  diagrams for each setting: zero-shot (``none``), ``name-order`` (a choice's options sorted
+  by name: one reading, no order effect), ``rotations``,
   ``rotations+content-free`` (the blank-document prior divided out), each ``+calibration``
   (fitted on CLINC150 validation / BANKING77 train records, never on the scored ones), and
   ``+teach K`` (K examples per option from the train split, pinned as the system context);
@@ -39,7 +40,7 @@ BANKING_SUBSET = (
 )
 JEVBENCH_DOMAINS = ("customer_support", "ecommerce_returns")
 DATASETS = ("clinc150", "banking77", "clinc150-noul")
-DEBIAS_SETTINGS = ("none", "rotations", "rotations+content-free")
+DEBIAS_SETTINGS = ("none", "name-order", "rotations", "rotations+content-free")
 
 Tick = Callable[[str, int, int], None]
 

@@ -2,7 +2,7 @@
 
 CLINC150 10-domain routing, a fixed 10-intent BANKING77 subset and CLINC150 domain membership as
 a yes/no question: accuracy, Brier, ECE and reliability diagrams for zero-shot, --debias
-rotations and rotations+content-free, a calibration fitted on other records, and
+name-order, rotations and rotations+content-free, a calibration fitted on other records, and
 teach-by-example with K examples per option; the option-permutation flip rate; JevBench's
 frozen mini suite (--domains) against the HTTP app served in this process; latency per request
 (miss, hit), for every debias setting. Every number comes from this one run.
