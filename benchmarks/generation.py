@@ -120,6 +120,19 @@ def llama_cpp_python(path: str, prompt: list[int], tokens: int, threads: int
     return runs[-1]
 
 
+def single_stream_table(base: str, theirs: tuple[float, float], ours_name: str,
+                        ours: tuple[float, float]) -> None:
+    """One single-stream comparison: (time to first token, decode tokens/s) as ratios to the
+    baseline, then both absolute values for orientation."""
+    (t_ttft, t_rate), (o_ttft, o_rate) = theirs, ours
+    print("| | time to first token | decode tokens/s |")
+    print("|---|---|---|")
+    print(f"| {base} | 1.00 | 1.00 |")
+    print(f"| {ours_name} | {o_ttft / t_ttft:.2f}x | {o_rate / t_rate:.2f}x |")
+    print(f"(absolute: {base} {t_ttft * 1000:.0f} ms / {t_rate:.1f} tok/s; "
+          f"{ours_name} {o_ttft * 1000:.0f} ms / {o_rate:.1f} tok/s)")
+
+
 def compare_llamacpp(tokens: int, threads: int, repeats: int) -> None:
     """The GGUF rows: onepass's llamacpp backend against llama-cpp-python on the same file."""
     from onepass.backends.llamacpp import load
@@ -135,12 +148,8 @@ def compare_llamacpp(tokens: int, threads: int, repeats: int) -> None:
     o_ttft, o_rate = (statistics.median(x[i] for x in ours) for i in (0, 1))
     print(f"\nembedded GGUF, single stream, {tokens} tokens, {threads} threads, "
           f"median of {repeats}")
-    print("| | time to first token | decode tokens/s |")
-    print("|---|---|---|")
-    print("| llama-cpp-python Llama.generate | 1.00 | 1.00 |")
-    print(f"| onepass --backend llamacpp | {o_ttft / t_ttft:.2f}x | {o_rate / t_rate:.2f}x |")
-    print(f"(absolute: llama-cpp-python {t_ttft * 1000:.0f} ms / {t_rate:.1f} tok/s; "
-          f"onepass {o_ttft * 1000:.0f} ms / {o_rate:.1f} tok/s)")
+    single_stream_table("llama-cpp-python Llama.generate", (t_ttft, t_rate),
+                        "onepass --backend llamacpp", (o_ttft, o_rate))
     print("\naggregate tokens/s of concurrent streams, relative to llama-cpp-python's one "
           "stream (its Llama serves one sequence at a time)")
     print("| streams | onepass llamacpp |\n|---|---|")
@@ -173,12 +182,8 @@ def main() -> None:
     op_ttft, op_rate = statistics.median(x[0] for x in op), statistics.median(x[1] for x in op)
     print(f"single stream, {args.tokens} tokens, prompt {len(prompts[0])} tokens, "
           f"{args.threads} threads, median of {args.repeats}")
-    print("| | time to first token | decode tokens/s |")
-    print("|---|---|---|")
-    print("| transformers generate | 1.00 | 1.00 |")
-    print(f"| onepass | {op_ttft / hf_ttft:.2f}x | {op_rate / hf_rate:.2f}x |")
-    print(f"(absolute, for orientation: transformers {hf_ttft * 1000:.0f} ms / "
-          f"{hf_rate:.1f} tok/s; onepass {op_ttft * 1000:.0f} ms / {op_rate:.1f} tok/s)")
+    single_stream_table("transformers generate", (hf_ttft, hf_rate), "onepass",
+                        (op_ttft, op_rate))
 
     print("\naggregate throughput (tokens/s relative to one stream)")
     print("| streams | in process |" + (" HTTP |" if args.url else ""))

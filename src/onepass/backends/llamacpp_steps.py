@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from onepass.backends.base import StepRow
+from onepass.backends.llamacpp import decode_rows
 
 BLOCK = 16
 """Rows are reserved in blocks of this many tokens (the scheduler's accounting unit)."""
@@ -151,7 +152,6 @@ class LlamaCppSteps:
                 ends[len(flat) - 1] = i
         out: list[torch.Tensor | None] = [None] * len(rows)
         backend, n_vocab = self.backend, self.backend.vocab_size
-        from onepass.backends.llamacpp import decode_rows
 
         with backend._lock:  # decisions run between steps, never inside one
             for lo in range(0, len(flat), backend.n_batch):
