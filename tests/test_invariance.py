@@ -1,11 +1,13 @@
-"""Same input, same answer, at the default compute (bfloat16 on this CPU): decisions and greedy
+"""Same input, same answer, at the default compute (what ``--dtype auto`` picks on the CPU the
+suite runs on: bfloat16 where it has bfloat16 units, float32 elsewhere): decisions and greedy
 text do not depend on cache state, batch company, streaming or the process that computes them.
 
 Every comparison here is exact (``==`` on probabilities, tokens and text): the batch-invariant
 attention (backends/packed_attention.py) gives each query a kernel call whose shape is fixed by
-its position, and the decoder's linears are row-invariant (oneDNN, measured below), so the same
-prompt computes the same bits in every forward it meets. Float32 tolerances for the rest of the
-suite are in tests/test_engine.py; the int8 and quantized working weights are checked at the end.
+its position, and the decoder's linears are row-invariant (backends/rows.py, measured below), so
+the same prompt computes the same bits in every forward it meets. The other float dtype gets the
+same exact checks on one request; the int8 and quantized working weights are checked at the end.
+Tolerances between paths of different arithmetic are in tests/test_engine.py.
 """
 
 from __future__ import annotations
@@ -43,17 +45,19 @@ def probabilities(response: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """The embedded model at the compute a user gets on this CPU with native bfloat16 units
-    (the suite's session engine is float32: see conftest)."""
-    return DecisionEngine.from_pretrained(device="cpu", dtype="bfloat16")
+def engine(auto_dtype):
+    """The embedded model at the compute ``--dtype auto`` gives a user of this CPU (the suite's
+    session engine is float32 everywhere: see conftest). A CPU without bfloat16 units runs
+    bfloat16 emulated, ~2.5x slower than float32: what it does not default to, it checks on
+    one request (below) rather than on every proof here."""
+    return DecisionEngine.from_pretrained(device="cpu", dtype=auto_dtype)
 
 
 def test_the_decoder_linears_are_row_invariant(engine):
     """The premise: a token's row through every linear is the same bits whatever else the
-    matrix holds (oneDNN's bfloat16 kernels; 1 to 700 rows)."""
+    matrix holds (1 to 700 rows, through the scheme rows.py chose for this dtype)."""
     torch.manual_seed(0)
-    x = torch.randn(700, engine.backend.config.hidden_size).to(torch.bfloat16)
+    x = torch.randn(700, engine.backend.config.hidden_size).to(engine.backend.model.dtype)
     layer = engine.backend.decoder.layers[0]
     with torch.inference_mode():
         for linear in (layer.self_attn.q_proj, layer.mlp.gate_proj, engine.backend.lm_head):
@@ -137,16 +141,18 @@ def test_greedy_text_is_the_same_alone_on_a_miss_and_on_a_hit_beside_other_strea
     assert [t.id for t in results[-1].tokens] == tokens
 
 
-def test_float32_reads_the_same_bits_too():
-    """Float32 (the default on CPUs without bfloat16 units): MKL's linears on at least 4 rows
-    (its 1-3-row kernels round differently), the same attention."""
-    fp32 = DecisionEngine.from_pretrained(device="cpu", dtype="float32")
-    fp32.backend.cache.clear()
-    alone = probabilities(fp32.answer({"state": STATE, "questions": {"probe": PROBE}}))
-    fp32.backend.cache.clear()
-    among = probabilities(fp32.answer({"state": STATE, "questions": {**CROWD, "probe": PROBE}}))
+def test_the_other_float_dtype_reads_the_same_bits_too(auto_dtype):
+    """The float dtype ``auto`` does not pick here, by ``--dtype``: float32 (MKL's linears in
+    8-row blocks of one batched matmul, its 1-3-row kernels round differently) or bfloat16
+    (oneDNN's kernels, a call per block); the same attention."""
+    other = DecisionEngine.from_pretrained(
+        device="cpu", dtype="float32" if auto_dtype == "bfloat16" else "bfloat16")
+    other.backend.cache.clear()
+    alone = probabilities(other.answer({"state": STATE, "questions": {"probe": PROBE}}))
+    other.backend.cache.clear()
+    among = probabilities(other.answer({"state": STATE, "questions": {**CROWD, "probe": PROBE}}))
     assert among["probe"] == alone["probe"]
-    assert probabilities(fp32.answer(MIXED)) == probabilities(fp32.answer(MIXED, naive=True))
+    assert probabilities(other.answer(MIXED)) == probabilities(other.answer(MIXED, naive=True))
 
 
 @pytest.mark.parametrize("compute", ["int8", "fp8-artifact"])
@@ -183,9 +189,9 @@ def test_int8_and_quantized_weights_keep_the_invariance(compute, tmp_path_factor
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
+def worker(tmp_path_factory, auto_dtype):
     log = tmp_path_factory.mktemp("invariance") / "worker.log"
-    with serve(["--threads", "1", "--dtype", "bfloat16"], log) as url:
+    with serve(["--threads", "1", "--dtype", auto_dtype], log) as url:
         yield url
 
 
