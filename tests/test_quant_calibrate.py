@@ -206,12 +206,16 @@ def test_report_writes_what_was_traded(tmp_path, data_dir):
 # --------------------------------------------------------------------------- the real model
 
 
+GPTQ_ALONE_PROBES = 50
+
+
 @pytest.mark.slow
 def test_calibrated_fp4_agrees_with_float_more_than_plain_fp4(engine, data_dir, probe_reference):
     """Over the 100 probe requests (the prompts are fixed; the calibration records a seeded
-    draw from the train splits): GPTQ lowers every layer's output error and the mean TV, and
-    with the layers plain rounding hurts most kept at fp8 (--keep-fp8 auto) the top answer
-    agrees more often than plain fp4's."""
+    draw from the train splits): GPTQ lowers every layer's output error and the mean TV (over
+    the first 50, paired with plain fp4 on the same ones), and with the layers plain rounding
+    hurts most kept at fp8 (--keep-fp8 auto) the top answer agrees more often than plain
+    fp4's."""
     import copy
 
     from onepass.commands.merge import load_merged
@@ -237,14 +241,22 @@ def test_calibrated_fp4_agrees_with_float_more_than_plain_fp4(engine, data_dir, 
     with torch.no_grad():
         for name in worst:
             kept.get_submodule(name).weight.copy_(cal.fp8_round_trip(float_weights[name]))
-    results = {}
-    for name, quantized in (("plain", plain), ("gptq", gptq), ("gptq+fp8", kept)):
-        answers = DecisionEngine(TorchBackend(quantized, tokenizer, name=name))
-        results[name] = compare_answers(reference, [answers.answer(r) for r in probes])
-    summary = {n: (round(r["agreement"], 3), round(r["mean_tv"], 4)) for n, r in results.items()}
-    print(f"\nfp4 vs float over {len(probes)} probes (agreement, mean TV): {summary}")
+    # plain and the default over all the probes; GPTQ alone (an intermediate, not a default)
+    # over the first GPTQ_ALONE_PROBES against plain on the same ones: a paired comparison,
+    # for half a pass (~45 s in float32 on an AVX2 CPU)
+    answers = {}
+    for name, quantized, count in (("plain", plain, len(probes)), ("gptq", gptq, GPTQ_ALONE_PROBES),
+                                   ("gptq+fp8", kept, len(probes))):
+        variant = DecisionEngine(TorchBackend(quantized, tokenizer, name=name))
+        answers[name] = [variant.answer(r) for r in probes[:count]]
+    results = {name: compare_answers(reference[:len(a)], a) for name, a in answers.items()}
+    plain_paired = compare_answers(reference[:GPTQ_ALONE_PROBES],
+                                   answers["plain"][:GPTQ_ALONE_PROBES])
+    summary = {n: (r["questions"], round(r["agreement"], 3), round(r["mean_tv"], 4))
+               for n, r in {**results, "plain (paired)": plain_paired}.items()}
+    print(f"\nfp4 vs float (probes, agreement, mean TV): {summary}")
     plain, gptq, kept = results["plain"], results["gptq"], results["gptq+fp8"]
-    assert gptq["mean_tv"] < plain["mean_tv"]
+    assert gptq["mean_tv"] < plain_paired["mean_tv"]
     assert kept["agreement"] > plain["agreement"] and kept["mean_tv"] < plain["mean_tv"]
     assert kept["agreement"] >= 0.85  # what the default (auto) delivers on held-out probes
     errors = done.errors.values()
