@@ -107,6 +107,21 @@ def server(tmp_path_factory):
         yield url
 
 
+@pytest.fixture(scope="module")
+def client(server):
+    """The official OpenAI SDK against this module's ``server`` (the session's default one, or
+    the module's own where it overrides ``server``)."""
+    import openai
+
+    return openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    """The name the module's server lists first on /v1/models."""
+    return client.models.list().data[0].id
+
+
 @pytest.fixture(scope="session")
 def probe_reference(float32_engine, data_dir):
     """The 100 probe requests and the float32 engine's answers: the reference every quantized

@@ -137,16 +137,6 @@ def server(tmp_path_factory):
         yield url
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 QUESTION = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "What is the capital of France?"}]
 

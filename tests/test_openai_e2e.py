@@ -17,16 +17,6 @@ pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "Name three colors."}]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def test_models_list_names_the_served_model(client, model, engine):
     ids = [m.id for m in client.models.list().data]
     assert model == engine.served_name and "jev-latest" in ids

@@ -29,16 +29,6 @@ PERSON_FORMAT = {"type": "json_schema", "json_schema": {
     "name": "person", "schema": Person.model_json_schema(), "strict": True}}
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="local", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 # --------------------------------------------------------------------------- structured output
 
 
