@@ -33,7 +33,7 @@ PROBE = {"type": "choice", "instructions": "Which department should handle this 
 CROWD = {f"q{i}": {"type": "noul", "instructions": f"Statement number {i} " + "x" * i}
          for i in range(15)}
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, logprobs=0)
-TOKENS = 256
+TOKENS = 128  # before the batch-invariant kernels a cache miss and a hit parted at token 111
 
 
 def probabilities(response: dict) -> dict:
@@ -195,14 +195,14 @@ def worker(tmp_path_factory, auto_dtype):
         yield url
 
 
-def chat(url: str, stream: bool) -> str:
-    body = {"model": "jev-latest", "temperature": 0, "max_tokens": TOKENS, "ignore_eos": True,
+def chat(url: str, stream: bool, tokens: int = TOKENS) -> str:
+    body = {"model": "jev-latest", "temperature": 0, "max_tokens": tokens, "ignore_eos": True,
             "stream": stream,
             "messages": [{"role": "user", "content": "Describe the water cycle, step by step."}]}
     if not stream:
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
         assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == TOKENS
+        assert r.json()["usage"]["completion_tokens"] == tokens
         return r.json()["choices"][0]["message"]["content"]
     text = []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
@@ -230,7 +230,7 @@ def test_a_served_decision_reads_the_same_bits_alone_among_sixteen_and_beside_a_
     alone = ask({"probe": PROBE})
     assert ask({**CROWD, "probe": PROBE})["probe"] == alone["probe"]
     beside: dict = {}
-    stream = threading.Thread(target=chat, args=(worker, True))
+    stream = threading.Thread(target=chat, args=(worker, True, 2 * TOKENS))  # outlasts 3 asks
     stream.start()  # its prompt chunk and decode rows share the decision's steps
     try:
         for i in range(3):
