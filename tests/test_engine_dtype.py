@@ -83,20 +83,15 @@ def test_the_candidate_readout_stays_float32(engine):
         assert logits == pytest.approx(want, rel=1e-6, abs=1e-6)
 
 
-def bf16_probes(native_bf16: bool) -> int:
-    """How many of the 100 probe requests the bfloat16 comparison reads: all where the CPU has
-    bfloat16 units (``auto`` picks bfloat16 there), the first half where it runs bfloat16
-    emulated (~2.5x float32's time; a choice by ``--dtype`` only). The kernels are deterministic,
-    so a CPU's result does not vary from run to run."""
-    return 100 if native_bf16 else 50
-
-
 @pytest.mark.slow
 def test_bfloat16_answers_the_probe_requests_like_float32(engine, probe_reference,
                                                           float32_auto):
     requests, reference = probe_reference  # the float32 answers, computed once per run
     assert len(requests) == 100
-    n = bf16_probes(float32_auto)
+    # all 100 where the CPU has bfloat16 units (``auto`` picks it there), the first half where
+    # it emulates them (~2.5x float32's time; a choice by --dtype only); the kernels are
+    # deterministic, so a CPU's result does not vary from run to run
+    n = 100 if float32_auto else 50
     answers = [engine.answer(r) for r in requests[:n]]
     result = compare_answers(reference[:n], answers)
     print(f"\nbfloat16 vs float32 over {n} probes: agreement {result['agreement']:.2f} "
