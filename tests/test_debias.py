@@ -10,8 +10,9 @@ import warnings
 import pytest
 
 from onepass.commands.common import apply_quality
-from onepass.contract import ContractError, parse_request
-from onepass.engine import DecisionEngine, adapter_order_warning
+from onepass.contract import DEBIAS_MODES, ContractError, parse_request
+from onepass.engine import DecisionEngine
+from onepass.option_order import DEFAULT_DEBIAS, default_debias, order_warning
 from onepass.readout import combine_rotations, divide_prior
 
 TOL = 1e-4
@@ -163,35 +164,79 @@ def test_engine_default_and_per_call_override(engine):
         engine.answer(_choice(TEAMS), debias="shuffle")
 
 
-def test_an_adapter_read_under_rotations_warns(engine):
-    """The trainer shows options in declared order: an adapter may have learned the letters."""
-    with pytest.warns(UserWarning, match="adapter was trained on the declared option order"):
-        DecisionEngine(engine.backend, adapter="runs/lora", debias="rotations+content-free")
+def _trained(folder, option_orders=None):
+    """A folder with the adapter_config.json onepass train writes (no field: an adapter from
+    before the trainer recorded its order, trained on the declared order)."""
+    folder.mkdir(exist_ok=True)
+    config = {} if option_orders is None else {"option_orders": option_orders}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_the_default_reads_in_name_order_unless_the_weights_were_trained_otherwise(
+        engine, tmp_path):
+    """name-order is the default; weights onepass trained in another order are read the way
+    they were trained (an adapter that learned the letters is at chance in another order)."""
+    assert DEFAULT_DEBIAS == "name-order"
+    assert DecisionEngine(engine.backend).debias == "name-order"
+    for orders, want in ((None, "none"), ("declared", "none"), ("name", "name-order"),
+                         ("rotations", "name-order")):
+        adapter = _trained(tmp_path / f"adapter-{orders}", orders)
+        assert default_debias(adapter) == want
+        assert DecisionEngine(engine.backend, adapter=adapter).debias == want
+    # a trained checkpoint's summary, or the calibration merge and quantize carry along
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "training_summary.json").write_text(json.dumps(
+        {"configuration": {"dataset": {"option_orders": "declared"}}}))
+    assert DecisionEngine(engine.backend, trained=str(full)).debias == "none"
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    for debias, want in (("none", "none"), ("name-order", "name-order"),
+                         ("rotations+content-free", "name-order")):
+        (merged / "calibration.json").write_text(json.dumps({"debias": debias}))
+        assert default_debias(merged) == want
+    assert default_debias(tmp_path / "missing") == default_debias(None) == "name-order"
+
+
+def test_weights_read_in_another_order_than_trained_warn(engine, tmp_path):
+    declared = _trained(tmp_path / "declared")  # no field: the declared order
+    with pytest.warns(UserWarning, match="trained on the declared option order"):
+        DecisionEngine(engine.backend, adapter=declared, debias="rotations+content-free")
+    with pytest.warns(UserWarning, match="trained on the declared option order"):
+        DecisionEngine(engine.backend, adapter=declared, debias="name-order")
+    named = _trained(tmp_path / "named", "name")
+    with pytest.warns(UserWarning, match="trained with the options in name order"):
+        DecisionEngine(engine.backend, adapter=named, debias="content-free")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        DecisionEngine(engine.backend, adapter="runs/lora", debias="content-free")
+        DecisionEngine(engine.backend, adapter=declared, debias="content-free")
+        DecisionEngine(engine.backend, adapter=declared)
+        DecisionEngine(engine.backend, adapter=named, debias="rotations")
         DecisionEngine(engine.backend, debias="rotations")
+    rotated = _trained(tmp_path / "rotated", "rotations")
+    for debias in DEBIAS_MODES:
+        assert order_warning(rotated, debias) is None
+        assert order_warning(None, debias) is None
 
 
-def test_an_adapter_trained_on_rotated_orders_does_not_warn(tmp_path):
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"option_orders": "rotations"}))
-    assert adapter_order_warning(str(tmp_path), "rotations") is None
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"option_orders": "declared"}))
-    assert "--option-orders rotations" in adapter_order_warning(str(tmp_path), "rotations")
-
-
-def test_the_cli_flags_warn_about_an_adapter_under_rotations(engine, capsys):
-    saved = engine.adapter, engine.debias
+def test_the_cli_flags_warn_about_weights_read_in_another_order(engine, capsys, tmp_path):
+    saved = engine.trained, engine.debias
     try:
-        engine.adapter = "runs/lora"
+        engine.trained = _trained(tmp_path / "declared", "declared")
+        engine.debias = "none"
+        apply_quality(engine, argparse.Namespace(debias=None, calibration=None,
+                                                 abstain_below=None))
+        assert engine.debias == "none"  # no flag: the engine's default stays
+        assert capsys.readouterr().err == ""
         apply_quality(engine, argparse.Namespace(debias="rotations", calibration=None,
                                                  abstain_below=None))
-        assert "adapter was trained on the declared option order" in capsys.readouterr().err
+        assert "trained on the declared option order" in capsys.readouterr().err
         apply_quality(engine, argparse.Namespace(debias="none", calibration=None,
                                                  abstain_below=None))
         assert capsys.readouterr().err == ""
     finally:
-        engine.adapter, engine.debias = saved
+        engine.trained, engine.debias = saved
 
 
 def test_many_options_read_capped_rotations_that_do_not_depend_on_order(engine):

@@ -104,6 +104,28 @@ def test_a_soft_target_moves_with_its_options_under_rotations(engine, tmp_path):
     assert all(sorted(d) == pytest.approx([0.1, 0.1, 0.2, 0.6]) for d in seen)
 
 
+def test_the_default_trains_on_the_name_order_the_engine_serves_by_default(engine, tmp_path):
+    """The trainer's default order is the serving default's (``debias name-order``): a choice
+    declared out of name order is trained on the name-sorted prompt, its target the gold
+    option's place there; ``declared`` keeps the record's order."""
+    record = parse_record({"state": "charged twice", "questions": {"dept": {
+        "type": "choice", "instructions": "Which team?", "answer": "billing",
+        "criteria": {"support": None, "logistics": None, "billing": None}}}},
+        tmp_path / "d.jsonl", 1)
+    q = record.request.questions[0]
+    prefix = P.render_prefix(engine.format, record.request.state, engine.context,
+                             engine.specials)
+    ((named, order),) = engine.readings(q, "name-order")
+    assert order == (2, 1, 0)
+    (example,) = encode_records(engine, [record], 4096)
+    assert list(example.ids) == engine.backend.encode(prefix + named.suffix)
+    assert example.target == 0  # billing sorts first
+    (declared,) = encode_records(engine, [record], 4096, "declared")
+    assert list(declared.ids) == engine.backend.encode(
+        prefix + engine.question_position(q).suffix)
+    assert declared.target == 2
+
+
 @pytest.mark.slow
 def test_loss_equals_negative_log_of_the_served_restricted_softmax(engine, tmp_path):
     record = parse_record(RECORD, tmp_path / "d.jsonl", 1)

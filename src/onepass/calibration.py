@@ -214,6 +214,7 @@ class Sample:
     gold: int
     probabilities: tuple[float, ...]
     diagnostics: dict[str, Any] | None = None  # the answer's label health, where read
+    debias: str = "none"  # the mode it was read in: a calibration applies to that mode only
 
 
 def collect(engine: Any, records: Sequence[Any], *, debias: str | None = None,
@@ -228,12 +229,13 @@ def collect(engine: Any, records: Sequence[Any], *, debias: str | None = None,
         for i, record in enumerate(records):
             answers = engine.answer(diagnosed(engine, record.request, i),
                                     debias=debias)["answers"]
+            mode = debias or record.request.debias or engine.debias  # as the engine resolves it
             for question, gold in zip(record.request.questions, record.answers):
                 if question.is_trivial:
                     continue
                 answer = answers[question.name]
                 samples.append(Sample(question, gold, _distribution(question, answer),
-                                      answer.get("diagnostics")))
+                                      answer.get("diagnostics"), mode))
             if on_record is not None:
                 on_record(i + 1)
         return samples
@@ -350,9 +352,15 @@ def _aligned(group: Sequence[Sample], options: Sequence[str]) -> tuple[np.ndarra
 
 
 def fit(samples: Sequence[Sample], method: str, identity: dict[str, Any], *,
-        content_free: dict[str, dict[str, float]] | None = None, debias: str = "none"
+        content_free: dict[str, dict[str, float]] | None = None, debias: str | None = None
         ) -> Calibration:
-    """A :class:`Calibration` of ``method`` fitted on ``samples``."""
+    """A :class:`Calibration` of ``method`` fitted on ``samples``, for the debias mode they
+    were read in (``debias`` names it where the samples did not come from :func:`collect`)."""
+    if debias is None:
+        modes = {s.debias for s in samples}
+        if len(modes) > 1:
+            raise ValueError(f"samples read in several debias modes: {sorted(modes)}")
+        debias = modes.pop() if modes else "none"
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method in ("content-free", "both") and content_free is None:
@@ -491,7 +499,7 @@ def split(samples: Sequence[Sample], fraction: float, seed: int
 
 
 def choose(samples: Sequence[Sample], identity: dict[str, Any], *,
-           content_free: dict[str, dict[str, float]], debias: str = "none", seed: int = 0
+           content_free: dict[str, dict[str, float]], debias: str | None = None, seed: int = 0
            ) -> tuple[str, dict[str, dict[str, float]]]:
     """The method with the lowest held-out NLL (fit on 70%, scored on 30%) and every
     method's held-out metrics (``none``: uncalibrated)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +39,7 @@ from onepass.contract import (
 )
 from onepass.generate.reasoning import decision_kwargs
 from onepass.limits import too_long
+from onepass.option_order import default_debias, order_warning
 from onepass.readout import (
     argmax_first,
     choice_confidence,
@@ -124,6 +124,11 @@ class DecisionEngine:
 
     Build it with :meth:`from_pretrained` (the embedded default model when no name is given)
     or around any object that implements :class:`onepass.backends.Backend`.
+
+    ``debias`` is how a request that names none is read; None picks ``name-order`` (a
+    choice's options sorted by name: no declared order can move the answer), or ``none`` for
+    weights onepass trained on the declared order (``trained``: their folder; see
+    :mod:`onepass.option_order`).
     """
 
     def __init__(
@@ -136,15 +141,19 @@ class DecisionEngine:
         served_name: str | None = None,
         style: P.Style = P.DEFAULT_STYLE,
         chat_format: P.ChatFormat | None = None,
-        debias: str = "none",
+        debias: str | None = None,
         calibration: Any = None,
         abstain_below: float | None = None,
         adapter: str | None = None,
+        trained: str | None = None,
     ):
         if not 0 < temperature < float("inf"):  # False for nan too
             raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-        self.debias = _check_debias(debias)
-        if warning := adapter_order_warning(adapter, self.debias):
+        # the weights onepass may have trained (an adapter, else a checkpoint folder): their
+        # training order picks the default debias (onepass/option_order.py)
+        self.trained = adapter or trained
+        self.debias = _check_debias(debias or default_debias(self.trained))
+        if warning := order_warning(self.trained, self.debias):
             warnings.warn(warning, stacklevel=2)
         self.combine = DEFAULT_COMBINE
         self.max_rotations = MAX_ROTATIONS
@@ -258,6 +267,9 @@ class DecisionEngine:
         else:
             raise ValueError(f"backend must be torch, llamacpp or remote, got {backend!r}")
         context = Path(context_path).read_text() if context_path else None
+        # what onepass train wrote for these weights (beside an adapter, or in a trained,
+        # merged or quantized checkpoint): their option order and calibration
+        own = adapter or (resolved.path if backend == "torch" else None)
         engine = cls(
             chosen,
             context=context,
@@ -265,11 +277,9 @@ class DecisionEngine:
             temperature=temperature,
             served_name=served_name,
             adapter=str(adapter) if adapter else None,
+            trained=str(own) if own else None,
         )
-        # what onepass train fitted for these weights (calibration.json beside an adapter, or
-        # in a trained, merged or quantized checkpoint); set_calibration(None) drops it
-        own = adapter or (resolved.path if backend == "torch" else None)
-        if own is not None:
+        if own is not None:  # set_calibration(None) drops it
             from onepass.calibration import Calibration
 
             engine.calibration = Calibration.bundled(own, engine.identity())
@@ -873,22 +883,6 @@ def decision_render(backend: Any, kwargs: Sequence[tuple[str, Any]] = ()
     if not bound or not capabilities(backend).template_kwargs:
         return backend.render_chat
     return lambda messages: backend.render_chat(messages, **bound)
-
-
-def adapter_order_warning(adapter: str | None, debias: str) -> str | None:
-    """Why an adapter should not be read under rotations, or None when it is not.
-
-    An adapter trained on the declared option order (the trainer's default) may have learned
-    the label letters instead of the names (measured in docs/quality.md: CLINC150 0.55 in the
-    trained order, 0.12 under rotations)."""
-    if not adapter or not {"rotations", "name-order"} & set(debias.split("+")):
-        return None
-    config = Path(adapter) / "adapter_config.json"
-    if config.is_file() and json.loads(config.read_text()).get("option_orders") == "rotations":
-        return None  # trained with --option-orders rotations: it reads the names
-    return (f"the adapter was trained on the declared option order; debias {debias!r} reads "
-            "other orders, where an adapter that learned the letters is at chance: serve it "
-            "with debias 'none' or 'content-free', or train it with --option-orders rotations")
 
 
 def _check_debias(mode: str) -> str:

@@ -187,12 +187,14 @@ def probability(text: str) -> float:
 def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
     """Order-invariance, calibration and abstention of the decision readout."""
     g = parser.add_argument_group("decision quality")
-    env_argument(g, "--debias", default="none", choices=list(DEBIAS_MODES),
-                 help="rotations: read every cyclic rotation of each question's options in the "
-                 "same forward and average them back (order-invariant answers; K suffixes for "
-                 "K options); content-free: divide out each question's answer about a blank "
-                 "document (the model's prior; its suffixes again); a request's 'debias' field "
-                 "overrides it (default: none)")
+    env_argument(g, "--debias", choices=list(DEBIAS_MODES),
+                 help="name-order: read a choice's options sorted by name (any declared order "
+                 "reads the same prompt, at no cost); none: in declared order; rotations: read "
+                 "every cyclic rotation of each question's options in the same forward and "
+                 "average them back (K suffixes for K options); content-free: divide out each "
+                 "question's answer about a blank document (the model's prior; its suffixes "
+                 "again); a request's 'debias' field overrides it (default: name-order, or the "
+                 "order the --adapter or trained --model was trained in)")
     env_argument(g, "--calibration",
                  help="a calibration.json from onepass calibrate, applied to every answer "
                  "(refused when fitted for another model, dtype, adapter or prompt version); "
@@ -206,11 +208,12 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
     """Set the quality flags on a loaded engine; a mismatched calibration exits with why."""
     from onepass.calibration import CalibrationError
-    from onepass.engine import adapter_order_warning
+    from onepass.option_order import order_warning
 
-    engine.debias = getattr(args, "debias", None) or "none"
-    if warning := adapter_order_warning(engine.adapter, engine.debias):
-        print(f"warning: {warning}", file=sys.stderr)
+    if getattr(args, "debias", None):  # else the engine's default (the weights' training order)
+        engine.debias = args.debias
+        if warning := order_warning(engine.trained, engine.debias):
+            print(f"warning: {warning}", file=sys.stderr)
     if getattr(args, "calibration", None) == "none":
         engine.set_calibration(None)
     elif getattr(args, "calibration", None):

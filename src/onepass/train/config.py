@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onepass.option_order import OPTION_ORDERS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -186,12 +188,12 @@ class DatasetConfig:
         "adapter's calibration (when no validation dataset is given; default: "
         f"{DEFAULT_VALIDATION_SPLIT} when the set has at least {AUTO_VALIDATION_RECORDS} records, "
         "else none; 0: none)", type=float, minimum=0.0, optional=True)
-    option_orders: str = _f("declared", "declared: each choice's options in the order the record "
-                            "declares them (serve with debias none or content-free: the adapter "
-                            "may learn the label letters); rotations: each question read in one "
-                            "seeded cyclic rotation of its options, as debias rotations reads "
-                            "them (the adapter must read the names)", type=str,
-                            choices=("declared", "rotations"))
+    option_orders: str = _f("name", "name: each choice's options sorted by name, as debias "
+                            "name-order (the default) reads them; declared: in the order the "
+                            "record declares them (serve with debias none: the adapter may learn "
+                            "the label letters); rotations: each question read in one seeded "
+                            "cyclic rotation of its options, as debias rotations reads them (the "
+                            "adapter must read the names)", type=str, choices=OPTION_ORDERS)
 
 
 @dataclass

@@ -38,6 +38,7 @@ import torch
 
 from onepass import prompt as P
 from onepass.evaluate import expected_calibration_error
+from onepass.option_order import TRAINING_DEBIAS
 from onepass.train import artifacts
 from onepass.train.config import (
     AUTO_VALIDATION_RECORDS,
@@ -84,15 +85,16 @@ class TrainResult:
 
 
 def encode_records(engine: Any, records: Sequence[Record], max_length: int,
-                   option_orders: str = "declared", seed: int = 0) -> list[Example]:
+                   option_orders: str = "name", seed: int = 0) -> list[Example]:
     """Render and tokenize every non-trivial question exactly as the engine serves it.
 
-    ``option_orders="rotations"``: each question is read in one of the rotations
-    ``debias="rotations"`` serves (seeded draw), its answer index moved with its option, so an
-    adapter cannot learn which letter a class usually gets."""
+    ``option_orders="name"``: a choice's options sorted by name, as ``debias="name-order"``
+    (the serving default) reads them; ``"declared"``: as the record declares them;
+    ``"rotations"``: each question read in one of the rotations ``debias="rotations"`` serves
+    (seeded draw). The answer index moves with its option."""
     memo: dict[str, list[Any]] = {}
     rng = random.Random(seed)
-    debias = "rotations" if option_orders == "rotations" else "none"
+    debias = TRAINING_DEBIAS[option_orders]
 
     def readings(q: Any) -> list[Any]:  # a dataset repeats its questions: render each once
         key = json.dumps([q.type, q.instructions, q.options, q.descriptions], sort_keys=True)
@@ -479,7 +481,7 @@ def train(
         elif validation is not None:
             identity = {"model": base, "dtype": "float32", "adapter": None,
                         "prompt_version": P.PROMPT_VERSION}
-            debias = "rotations" if config.dataset.option_orders == "rotations" else "none"
+            debias = TRAINING_DEBIAS[config.dataset.option_orders]
             cal = fit_calibration(val_examples, validation.logits, identity, debias)
             artifacts.write_calibration(out, cal.to_json())
             state["calibration"] = cal.report
