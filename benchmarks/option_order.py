@@ -97,7 +97,8 @@ def main() -> None:
                 f"{row['shuffle']:.2f} | {row['reverse']:.2f} |")
         if not args.no_jevbench:
             rep = row["rep"]
-            line += f" {row['jevbench']:.1f} | {rep if rep is None else f'{rep:.1f}'} |"
+            # jevbench reports fractions; the README quotes percentages
+            line += f" {100 * row['jevbench']:.1f} | {rep if rep is None else f'{100 * rep:.1f}'} |"
         base = rows.get("none", row)["ms"]
         print(line + f" {row['ms'] / base:.2f}x |")
 
