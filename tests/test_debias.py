@@ -168,7 +168,9 @@ def _trained(folder, option_orders=None):
     """A folder with the adapter_config.json onepass train writes (no field: an adapter from
     before the trainer recorded its order, trained on the declared order)."""
     folder.mkdir(exist_ok=True)
-    config = {} if option_orders is None else {"option_orders": option_orders}
+    config = {"format": "onepass-lora"}
+    if option_orders is not None:
+        config["option_orders"] = option_orders
     (folder / "adapter_config.json").write_text(json.dumps(config))
     return str(folder)
 
@@ -197,6 +199,10 @@ def test_the_default_reads_in_name_order_unless_the_weights_were_trained_otherwi
         (merged / "calibration.json").write_text(json.dumps({"debias": debias}))
         assert default_debias(merged) == want
     assert default_debias(tmp_path / "missing") == default_debias(None) == "name-order"
+    peft = tmp_path / "peft"  # a peft adapter_config.json says nothing about onepass's orders
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    assert default_debias(peft) == "name-order"
 
 
 def test_weights_read_in_another_order_than_trained_warn(engine, tmp_path):

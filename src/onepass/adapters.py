@@ -25,7 +25,6 @@ from onepass.prompt import PROMPT_VERSION
 
 ADAPTER_WEIGHTS = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_FORMAT = "onepass-lora"
 
 log = logging.getLogger("onepass.adapters")
 

@@ -44,8 +44,9 @@ DEBIAS_MODES: tuple[str, ...] = get_args(DebiasMode)
 """``debias`` (an onepass extension field of the request): ``rotations`` reads every cyclic
 rotation of each question's options in the same forward and combines them, so the answer does
 not depend on the order the options were declared in; ``content-free`` also reads each question
-about a blank document and divides that prior out (contextual calibration); absent: the
-server's default."""
+about a blank document and divides that prior out (contextual calibration); ``name-order``
+reads a choice's options sorted by name (one reading, order-invariant); absent: the server's
+default (:mod:`onepass.option_order`)."""
 
 
 class ContractError(ValueError):
@@ -480,7 +481,8 @@ class SystemOneRequestModel(BaseModel):
         "question's options in the same forward and averages them back in declared order "
         "(order-invariant answers, more input tokens); 'content-free' divides out the "
         "answer the model gives about a blank document (its prior for the question); "
-        "absent: the server's default",
+        "'none' reads the declared order; absent: the server's default ('name-order', or "
+        "'none' for weights trained in the declared order)",
     )
 
 

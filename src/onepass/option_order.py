@@ -14,6 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+ADAPTER_FORMAT = "onepass-lora"
+"""The ``format`` of an adapter_config.json onepass wrote (a peft adapter's has none)."""
+
 DEFAULT_DEBIAS = "name-order"
 """Measured by ``benchmarks/option_order.py`` (README, "Order and calibration"): name order
 removes every flip under a reordering of the options and scores at least as well as the
@@ -43,14 +46,14 @@ def trained_order(artifact: str | Path | None) -> str | None:
         return None
     folder = Path(artifact)
     config = _json(folder / "adapter_config.json")
-    if config is not None:
+    if isinstance(config, dict) and config.get("format") == ADAPTER_FORMAT:  # not a peft one
         return config.get("option_orders") or "declared"
     summary = _json(folder / "training_summary.json")
-    if summary is not None:
-        dataset = summary.get("configuration", {}).get("dataset", {})
+    if isinstance(summary, dict) and isinstance(summary.get("configuration"), dict):
+        dataset = summary["configuration"].get("dataset") or {}
         return dataset.get("option_orders") or "declared"
     calibration = _json(folder / "calibration.json")
-    if calibration is not None and isinstance(calibration.get("debias"), str):
+    if isinstance(calibration, dict) and isinstance(calibration.get("debias"), str):
         modes = set(calibration["debias"].split("+"))
         return ("rotations" if "rotations" in modes else
                 "name" if "name-order" in modes else "declared")

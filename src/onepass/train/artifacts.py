@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from onepass.adapters import ADAPTER_CONFIG, ADAPTER_FORMAT, ADAPTER_WEIGHTS
+from onepass.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from onepass.calibration import BUNDLED as BUNDLED_CALIBRATION
+from onepass.option_order import ADAPTER_FORMAT
 from onepass.train.config import ConfigError
 
 CHECKPOINT_DIR = "checkpoint"
