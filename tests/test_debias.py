@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 
 from onepass.commands.common import apply_quality
 from onepass.contract import DEBIAS_MODES, ContractError, parse_request
 from onepass.engine import DecisionEngine
-from onepass.option_order import DEFAULT_DEBIAS, default_debias, order_warning
+from onepass.option_order import DEFAULT_DEBIAS, carry, default_debias, order_warning
 from onepass.readout import combine_rotations, divide_prior
 
 TOL = 1e-4
@@ -203,6 +204,23 @@ def test_the_default_reads_in_name_order_unless_the_weights_were_trained_otherwi
     peft.mkdir()
     (peft / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
     assert default_debias(peft) == "name-order"
+
+
+def test_merge_and_quantize_carry_the_training_order(tmp_path):
+    """A checkpoint made from trained weights (``option_order.carry``, as merge and quantize
+    call it) defaults to the order they were trained in, with or without a calibration."""
+    declared = Path(_trained(tmp_path / "declared", "declared"))
+    assert carry(declared, tmp_path / "merged")  # an adapter without its summary
+    assert default_debias(tmp_path / "merged") == "none"
+    named = Path(_trained(tmp_path / "named", "name"))
+    (named / "training_summary.json").write_text(json.dumps(
+        {"method": "lora", "configuration": {"dataset": {"option_orders": "name"}}}))
+    assert carry(named, tmp_path / "quantized")  # the trainer's summary, copied
+    assert json.loads((tmp_path / "quantized" / "training_summary.json").read_text())[
+        "method"] == "lora"
+    assert default_debias(tmp_path / "quantized") == "name-order"
+    assert not carry(None, tmp_path / "plain") and not carry(tmp_path / "missing", tmp_path / "x")
+    assert not (tmp_path / "plain").exists()
 
 
 def test_weights_read_in_another_order_than_trained_warn(engine, tmp_path):

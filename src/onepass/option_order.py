@@ -11,9 +11,11 @@ artifact's training order from what ``onepass train`` wrote beside it and nothin
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+SUMMARY = "training_summary.json"  # what onepass train writes beside every artifact
 ADAPTER_FORMAT = "onepass-lora"
 """The ``format`` of an adapter_config.json onepass wrote (a peft adapter's has none)."""
 
@@ -48,7 +50,7 @@ def trained_order(artifact: str | Path | None) -> str | None:
     config = _json(folder / "adapter_config.json")
     if isinstance(config, dict) and config.get("format") == ADAPTER_FORMAT:  # not a peft one
         return config.get("option_orders") or "declared"
-    summary = _json(folder / "training_summary.json")
+    summary = _json(folder / SUMMARY)
     if isinstance(summary, dict) and isinstance(summary.get("configuration"), dict):
         dataset = summary["configuration"].get("dataset") or {}
         return dataset.get("option_orders") or "declared"
@@ -81,6 +83,25 @@ def order_warning(artifact: str | Path | None, debias: str) -> str | None:
                 "reads them as declared, where weights that learned the label letters are at "
                 "chance: read them with debias 'name-order' (their default)")
     return None
+
+
+def carry(source: str | Path | None, target: str | Path) -> bool:
+    """Record ``source``'s training order in ``target``, a checkpoint made from it (``onepass
+    merge``, ``onepass quantize``), so the new folder is read the way its weights were trained
+    even without a calibration to carry: its ``training_summary.json`` is copied (written from
+    an adapter's config where the summary is gone); whether there was an order to carry."""
+    order = trained_order(source)
+    if source is None or order is None:
+        return False
+    folder = Path(target)
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = Path(source) / SUMMARY
+    if summary.is_file():
+        shutil.copyfile(summary, folder / SUMMARY)
+    else:
+        (folder / SUMMARY).write_text(json.dumps(
+            {"configuration": {"dataset": {"option_orders": order}}}, indent=2) + "\n")
+    return True
 
 
 def _json(path: Path) -> Any:

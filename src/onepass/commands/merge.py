@@ -44,6 +44,7 @@ def merge(model: str | None, adapter: str, output_directory: str, dtype: str = "
     """Load the base, merge the adapter, save the merged checkpoint."""
     import torch
 
+    from onepass import option_order
     from onepass.calibration import Calibration
     from onepass.models import resolve
     from onepass.train.artifacts import write_checkpoint
@@ -51,6 +52,7 @@ def merge(model: str | None, adapter: str, output_directory: str, dtype: str = "
     merged, tokenizer = load_merged(resolve(model), adapter)
     write_checkpoint(output_directory, merged.to(getattr(torch, dtype)), tokenizer)
     Calibration.carry_bundled(adapter, output_directory)  # the adapter's own, if it has one
+    option_order.carry(adapter, output_directory)  # and the option order it was trained in
 
 
 def run(args: argparse.Namespace) -> int:

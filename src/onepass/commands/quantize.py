@@ -120,7 +120,7 @@ def quantize(
     is the ``--keep-fp8`` text. Flag errors are QuantizeErrors naming the flag."""
     import torch
 
-    from onepass import __version__
+    from onepass import __version__, option_order
     from onepass.calibration import Calibration
     from onepass.commands.merge import load_merged
     from onepass.models import resolve
@@ -157,6 +157,7 @@ def quantize(
     merged, tokenizer = load_merged(resolved, adapter)
     # the trained weights' own calibration (the adapter's, or a trained checkpoint's) travels
     Calibration.carry_bundled(adapter or resolved.path, out)
+    option_order.carry(adapter or resolved.path, out)  # and the option order they read
     provenance = {"base": resolved.source, "adapter": str(adapter) if adapter else None,
                   "prompt_version": PROMPT_VERSION, "onepass_version": __version__}
     torch_dtype = getattr(torch, dtype)

@@ -25,11 +25,10 @@ import torch
 
 from onepass.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from onepass.calibration import BUNDLED as BUNDLED_CALIBRATION
-from onepass.option_order import ADAPTER_FORMAT
+from onepass.option_order import ADAPTER_FORMAT, SUMMARY
 from onepass.train.config import ConfigError
 
 CHECKPOINT_DIR = "checkpoint"
-SUMMARY = "training_summary.json"
 
 
 def _umask() -> int:
