@@ -263,6 +263,31 @@ def test_the_cli_flags_warn_about_weights_read_in_another_order(engine, capsys, 
         engine.trained, engine.debias = saved
 
 
+def test_a_calibration_file_is_applied_in_the_mode_it_was_fitted_in(engine, capsys, tmp_path):
+    """--calibration without --debias reads requests the way the file was fitted (a file from
+    before name-order was the default applies as it did); with another --debias it warns."""
+    from onepass.calibration import Calibration
+
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(Calibration(identity=engine.identity(), method="fit",
+                                           debias="none").to_json()))
+    saved = engine.debias, engine.calibration, engine.abstain_below
+    try:
+        engine.debias = "name-order"
+        apply_quality(engine, argparse.Namespace(debias=None, calibration=str(path),
+                                                 abstain_below=None))
+        assert engine.debias == "none" and engine.calibration.debias == "none"
+        assert capsys.readouterr().err == ""
+        apply_quality(engine, argparse.Namespace(debias="name-order", calibration=str(path),
+                                                 abstain_below=None))
+        assert engine.debias == "name-order"
+        assert "fitted with --debias none" in capsys.readouterr().err
+    finally:
+        engine.debias = saved[0]
+        engine.set_calibration(saved[1])
+        engine.set_abstain_below(saved[2])
+
+
 def test_many_options_read_capped_rotations_that_do_not_depend_on_order(engine):
     def question(names):
         return parse_request({"state": "x", "questions": {"c": {

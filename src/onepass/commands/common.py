@@ -221,7 +221,9 @@ def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
             engine.set_calibration(args.calibration)
         except CalibrationError as exc:
             raise SystemExit(f"error: --calibration {args.calibration}: {exc}") from None
-        if engine.calibration.debias != engine.debias:
+        if engine.calibration.debias != engine.debias and not getattr(args, "debias", None):
+            engine.debias = engine.calibration.debias  # no --debias: read as it was fitted
+        elif engine.calibration.debias != engine.debias:
             print(f"warning: --calibration was fitted with --debias {engine.calibration.debias}"
                   f"; it applies only to requests read that way (--debias is {engine.debias})",
                   file=sys.stderr)
