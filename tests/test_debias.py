@@ -193,6 +193,9 @@ def test_the_default_reads_in_name_order_unless_the_weights_were_trained_otherwi
     (full / "training_summary.json").write_text(json.dumps(
         {"configuration": {"dataset": {"option_orders": "declared"}}}))
     assert DecisionEngine(engine.backend, trained=str(full)).debias == "none"
+    for broken in ('{"configuration": {"dataset": "x"}}', "[1, 2]", "not json"):
+        (full / "training_summary.json").write_text(broken)  # a hand-edited file: no crash
+        assert default_debias(full) in ("none", "name-order")
     merged = tmp_path / "merged"
     merged.mkdir()
     for debias, want in (("none", "none"), ("name-order", "name-order"),

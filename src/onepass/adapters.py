@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from onepass.option_order import ADAPTER_CONFIG
 from onepass.prompt import PROMPT_VERSION
 
 ADAPTER_WEIGHTS = "adapter.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 
 log = logging.getLogger("onepass.adapters")
 

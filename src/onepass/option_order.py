@@ -15,7 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from onepass.calibration import BUNDLED
+
 SUMMARY = "training_summary.json"  # what onepass train writes beside every artifact
+ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FORMAT = "onepass-lora"
 """The ``format`` of an adapter_config.json onepass wrote (a peft adapter's has none)."""
 
@@ -47,14 +50,14 @@ def trained_order(artifact: str | Path | None) -> str | None:
     if artifact is None or not Path(artifact).is_dir():
         return None
     folder = Path(artifact)
-    config = _json(folder / "adapter_config.json")
+    config = _json(folder / ADAPTER_CONFIG)
     if isinstance(config, dict) and config.get("format") == ADAPTER_FORMAT:  # not a peft one
         return config.get("option_orders") or "declared"
     summary = _json(folder / SUMMARY)
     if isinstance(summary, dict) and isinstance(summary.get("configuration"), dict):
-        dataset = summary["configuration"].get("dataset") or {}
-        return dataset.get("option_orders") or "declared"
-    calibration = _json(folder / "calibration.json")
+        dataset = summary["configuration"].get("dataset")
+        return (dataset.get("option_orders") if isinstance(dataset, dict) else None) or "declared"
+    calibration = _json(folder / BUNDLED)
     if isinstance(calibration, dict) and isinstance(calibration.get("debias"), str):
         modes = set(calibration["debias"].split("+"))
         return ("rotations" if "rotations" in modes else

@@ -221,12 +221,13 @@ def apply_quality(engine: Any, args: argparse.Namespace) -> Any:
             engine.set_calibration(args.calibration)
         except CalibrationError as exc:
             raise SystemExit(f"error: --calibration {args.calibration}: {exc}") from None
-        if engine.calibration.debias != engine.debias and not getattr(args, "debias", None):
-            engine.debias = engine.calibration.debias  # no --debias: read as it was fitted
-        elif engine.calibration.debias != engine.debias:
-            print(f"warning: --calibration was fitted with --debias {engine.calibration.debias}"
-                  f"; it applies only to requests read that way (--debias is {engine.debias})",
-                  file=sys.stderr)
+        if engine.calibration.debias != engine.debias:
+            if not getattr(args, "debias", None):
+                engine.debias = engine.calibration.debias  # no --debias: read as it was fitted
+            else:
+                print(f"warning: --calibration was fitted with --debias "
+                      f"{engine.calibration.debias}; it applies only to requests read that way "
+                      f"(--debias is {engine.debias})", file=sys.stderr)
     threshold = getattr(args, "abstain_below", None)
     if threshold is None and engine.calibration is not None:
         threshold = engine.calibration.abstain_below
