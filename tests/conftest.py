@@ -21,11 +21,12 @@ DATA = SHARED / "data"
 os.environ.setdefault("ONEPASS_DTYPE", "float32")
 
 
-# Tiers, marked here from what a test uses (`pytest -m`): "model" loads the real embedded
-# model, "process" is in a module that starts other processes (a server, a CLI command, a
-# training run), "proof" is a long measured proof (learning, quantization agreement, invariance
-# over many packings: the tests marked slow). Plain `pytest` runs them all (the README command,
-# CI); the quick developer loop is `pytest -m "not process and not proof"`.
+# Tiers (`pytest -m`). "proof" is a long measured proof, marked where it is written (learning,
+# quantization agreement, calibration, the soak, the live vLLM engine, the benchmark): plain
+# `pytest` (the README command, CI) leaves them out and `pytest -m proof` runs them. "model"
+# (loads the real embedded model) and "process" (in a module that starts other processes: a
+# server, a CLI command, a training run) are marked here from what a test uses; the quick
+# developer loop is `pytest -m "not process"`.
 MODEL_FIXTURES = {"engine", "float32_engine", "probe_reference", "server", "clinc_lora",
                   "gguf_engine", "library_path"}
 STARTS_PROCESSES = ("serve(", "serving(", "subprocess", "onepass_command(", "Popen(",
@@ -38,8 +39,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.fspath))
         text = sources.setdefault(path, path.read_text())
         process = "server" in item.fixturenames or any(s in text for s in STARTS_PROCESSES)
-        if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.proof)
         if process:
             item.add_marker(pytest.mark.process)
         if process or MODEL_FIXTURES & set(item.fixturenames) or "from_pretrained(" in text:

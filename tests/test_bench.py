@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from onepass.bench import BANKING_SUBSET, BenchConfig, datasets, run
 
 
@@ -23,6 +25,7 @@ def test_bench_datasets_are_fixed_and_disjoint(data_dir):
     assert golds.count(0) == golds.count(1) == 10  # half about the request's own domain
 
 
+@pytest.mark.proof
 def test_bench_writes_every_section(engine, data_dir, tmp_path):
     """Toy sizes (3 BANKING77 intents, 3 scored records): the structure, not the numbers."""
     config = BenchConfig(data_dir=data_dir, output=tmp_path / "bench", limit=3, fit_limit=8,

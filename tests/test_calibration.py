@@ -93,6 +93,7 @@ def _records(data_dir, split, limit, seed):
     return [parse_record(raw, f"clinc-{split}", i) for i, raw in enumerate(raws, start=1)]
 
 
+@pytest.mark.proof
 def test_calibrated_ece_is_lower_on_held_out_clinc150(engine, data_dir):
     """Fit on CLINC150 validation records, score on test records (different utterances)."""
     train = collect(engine, _records(data_dir, "val", 40, seed=0))

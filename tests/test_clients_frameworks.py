@@ -17,8 +17,6 @@ from pydantic import BaseModel
 pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-pytestmark = pytest.mark.slow
-
 ASK = "Name one colour. Answer in one word."
 
 

@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(p.stem for p in EXAMPLES.glob("cookbook_*.py"))
 sys.path.insert(0, str(EXAMPLES))  # the scripts import shared_cookbook, as they do when run

@@ -14,8 +14,6 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-pytestmark = pytest.mark.slow
-
 STATE = "The parcel arrived broken and nobody answers my emails. I want my money back."
 QUESTIONS = [
     {"type": "predicate", "name": "complaint", "instructions": "The customer is complaining."},

@@ -135,7 +135,6 @@ def _cos(a, b):
     return sum(x * y for x, y in zip(a, b))
 
 
-@pytest.mark.slow
 def test_embeddings_through_the_sdk(server):
     client, texts = sdk(server), TEXTS
     out = client.embeddings.create(model="jev-latest", input=texts)
@@ -163,7 +162,6 @@ def test_embeddings_through_the_sdk(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
 
 
-@pytest.mark.slow
 def test_sentence_encoder_through_the_sdk(server):
     client, texts = sdk(server), TEXTS
     out = client.embeddings.create(model="minilm", input=texts)
@@ -197,7 +195,6 @@ def test_sentence_encoder_through_the_sdk(server):
     assert ref.usage.prompt_tokens == 7
 
 
-@pytest.mark.slow
 def test_sentence_encoder_wire_options_and_refusals(server):
     with httpx.Client(base_url=server, timeout=60) as http:
         def embed(**body):

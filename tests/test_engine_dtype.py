@@ -83,7 +83,7 @@ def test_the_candidate_readout_stays_float32(engine):
         assert logits == pytest.approx(want, rel=1e-6, abs=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.proof
 def test_bfloat16_answers_the_probe_requests_like_float32(engine, probe_reference,
                                                           float32_auto):
     requests, reference = probe_reference  # the float32 answers, computed once per run

@@ -22,8 +22,6 @@ from onepass.generate.runner import TextGenerator  # noqa: E402
 from onepass.server.app import create_app  # noqa: E402
 from onepass.server.settings import ServerSettings  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 # A request may do the work it is allowed to: these bodies ask for at most a few questions,
 # fields or output tokens, so each must be answered (or refused) within this bound.
 SECONDS_PER_REQUEST = 20.0

@@ -331,6 +331,7 @@ def schemas(draw) -> dict:
     return {"$defs": {"item": item}, **root}
 
 
+@pytest.mark.proof
 def test_random_schemas_generate_valid_json_on_the_real_model(engine, info):
     reasons: list[str] = []
 

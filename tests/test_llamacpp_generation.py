@@ -16,8 +16,6 @@ from native_worker import NativeWorker, require_llamacpp
 
 openai = pytest.importorskip("openai")
 
-pytestmark = pytest.mark.slow
-
 HELPERS = """
 from onepass.generate.runner import collect
 from onepass.generate.sampling import SamplingParams

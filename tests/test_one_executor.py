@@ -12,8 +12,6 @@ import pytest
 
 from onepass.generate.sampling import SamplingParams
 
-pytestmark = pytest.mark.slow
-
 CONTEXT = "Taxi from the airport to the hotel, 42 EUR, paid personally; the receipt is missing."
 NOTE = {"properties": {
     "note": {"type": "string", "x-open": True, "maxLength": 400,

@@ -12,8 +12,6 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-pytestmark = pytest.mark.slow
-
 QUESTION = [{"role": "user", "content": "Name three colors."}]
 
 

@@ -15,8 +15,6 @@ pytest.importorskip("fastapi")
 jsonschema = pytest.importorskip("jsonschema")
 from pydantic import BaseModel, Field  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 
 class Person(BaseModel):
     name: str = Field(max_length=24)

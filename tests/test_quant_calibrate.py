@@ -209,7 +209,7 @@ def test_report_writes_what_was_traded(tmp_path, data_dir):
 GPTQ_ALONE_PROBES = 50
 
 
-@pytest.mark.slow
+@pytest.mark.proof
 def test_calibrated_fp4_agrees_with_float_more_than_plain_fp4(engine, data_dir, probe_reference):
     """Over the 100 probe requests (the prompts are fixed; the calibration records a seeded
     draw from the train splits): GPTQ lowers every layer's output error and the mean TV (over

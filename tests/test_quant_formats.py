@@ -118,7 +118,6 @@ def test_round_trip_error_on_random_weights(scheme, limit):
     assert relative_rms(codec_for(scheme), torch.randn(256, 512)) < limit
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("scheme,limit", [("fp8", 0.03), ("fp4", 0.13)])
 def test_round_trip_error_on_real_weights(engine, scheme, limit):
     layers = engine.backend.model.model.layers

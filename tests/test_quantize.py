@@ -206,7 +206,7 @@ def artifacts(tmp_path_factory):
     return root
 
 
-@pytest.mark.slow
+@pytest.mark.proof
 def test_quantized_embedded_model_agrees_with_float(engine, artifacts, probe_reference):
     requests, reference = probe_reference
     assert len(requests) == 100
@@ -242,7 +242,7 @@ def margin(response) -> float:
     return top[0] - top[1]
 
 
-@pytest.mark.slow
+@pytest.mark.proof
 def test_quantized_lora_adapter_serves_like_the_adapter_unquantized(clinc_lora, tmp_path):
     requests = [strip_answers(r)[0] for r in clinc_lora.test_records[:40]]
     adapted = DecisionEngine.from_pretrained(adapter=str(clinc_lora.adapter))

@@ -25,8 +25,7 @@ from onepass.schema import (
     run_plan,
 )
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.usefixtures("library_path")]  # the CLI's and Python's path
+pytestmark = pytest.mark.usefixtures("library_path")  # the CLI's and Python's path
 
 
 @pytest.fixture(scope="module", autouse=True)

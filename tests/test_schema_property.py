@@ -10,8 +10,6 @@ from hypothesis import strategies as st
 
 from onepass.schema import ESCAPE_KEY, _value_id, compile_schema, value_text
 
-pytestmark = pytest.mark.slow
-
 WORDS = ["red", "green", "blue", "small", "large", "late", "n/a", "high five", "42", "ok"]
 CONTEXTS = [
     "The parcel arrived two days late and the box was damaged.",

@@ -25,8 +25,6 @@ from onepass.contract import SystemOneRequestModel, SystemOneResponseModel  # no
 from onepass.server import ServerSettings, create_app  # noqa: E402
 from onepass.server.app import ModelList  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 MAX_BODY = 256 * 1024
 MAX_QUESTIONS = 8
 GOOD = {

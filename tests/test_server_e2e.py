@@ -24,8 +24,6 @@ import pytest
 ts = pytest.importorskip("typesafe_sdk")
 pytest.importorskip("fastapi")
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parent.parent
 STATE = {"ticket": 4812, "text": "My parcel arrived with a crushed box and a broken mug inside.",
          "customer": {"tier": "gold", "orders": 12},

@@ -173,7 +173,6 @@ def test_404_lists_the_routes_of_the_app_itself():
     assert "GET /," not in message and "/openapi.json" not in message  # playground off
 
 
-@pytest.mark.slow
 def test_every_example_is_answered_by_the_real_server(engine):
     """The curl examples work: each POST body is sent to the server on the real model."""
     settings = ServerSettings()

@@ -29,7 +29,7 @@ import httpx
 import pytest
 from server_process import serve_process
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.proof
 
 SECONDS = float(os.environ.get("ONEPASS_SOAK_SECONDS", "60"))
 CLIENTS = 16

@@ -11,8 +11,6 @@ import pytest
 from train_support import REQUEST, ROOT, post_decision, serving, write_dataset
 
 pytest.importorskip("fastapi")
-pytestmark = pytest.mark.slow
-
 # the tiny geometry both tests train (typed-lm's [model] table)
 GEOMETRY = """
 hidden_size = 64

@@ -38,7 +38,7 @@ from onepass.evaluate import brier_score, expected_calibration_error
 from onepass.readout import argmax_first
 from onepass.train.dataset import parse_record
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.proof
 
 HTTP_RECORDS = 12
 UNTRAINED_ACCURACY = 0.10

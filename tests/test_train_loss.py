@@ -126,7 +126,6 @@ def test_the_default_trains_on_the_name_order_the_engine_serves_by_default(engin
     assert declared.target == 2
 
 
-@pytest.mark.slow
 def test_loss_equals_negative_log_of_the_served_restricted_softmax(engine, tmp_path):
     record = parse_record(RECORD, tmp_path / "d.jsonl", 1)
     examples = encode_records(engine, [record], max_length=4096)
@@ -157,7 +156,6 @@ def test_loss_equals_negative_log_of_the_served_restricted_softmax(engine, tmp_p
     assert [e.target for e in examples] == [0, 0, 2, 1]
 
 
-@pytest.mark.slow
 def test_rotated_option_orders_move_the_answer_with_its_option(engine, tmp_path):
     """--option-orders rotations: each example is one of the prompts debias=rotations serves,
     and its target is where the gold option went, so the letters carry no class."""
@@ -181,7 +179,6 @@ def test_rotated_option_orders_move_the_answer_with_its_option(engine, tmp_path)
     assert served[declared.ids] == (0, 1, 2) and declared.target == 0
 
 
-@pytest.mark.slow
 def test_training_on_a_target_distribution_serves_that_distribution(tmp_path):
     """Distillation's plumbing end to end (a tiny random model: plumbing, not learning): an
     adapter trained on one target distribution serves that distribution, not its argmax (a

