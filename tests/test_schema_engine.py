@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from onepass import prompt as P
-from onepass import schema as schema_module
 from onepass.contract import ContractError
 from onepass.readout import restricted_softmax
 from onepass.schema import (
@@ -24,6 +23,7 @@ from onepass.schema import (
     record_text,
     run_plan,
 )
+from onepass.schema import decide as runner  # the module that reads the clock
 
 pytestmark = pytest.mark.usefixtures("library_path")  # the CLI's and Python's path
 
@@ -342,7 +342,7 @@ def test_an_over_limit_run_is_refused_before_any_forward(engine, monkeypatch, mo
 
 
 class FakeClock:
-    """``time`` for the schema module: monotonic() is what the test says it is."""
+    """``time`` for the schema runner: monotonic() is what the test says it is."""
 
     def __init__(self, tick: float = 0.0):
         self.now, self.tick = 0.0, tick
@@ -355,7 +355,7 @@ class FakeClock:
 
 def test_a_run_past_its_time_limit_stops_between_fields(engine, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(schema_module, "time", clock)
+    monkeypatch.setattr(runner, "time", clock)
     score, calls = engine.generator.scheduler.score, []
 
     def slow(prefix, suffixes, candidates, **kw):  # every reading "takes" 6 s
@@ -380,7 +380,7 @@ def test_a_run_past_its_time_limit_stops_generating(engine, monkeypatch):
     free = [len(ids) for n, ids in calls if n > 0]
     assert free[0] > 6  # unbounded in time, the note runs longer than six tokens
     calls.clear()
-    monkeypatch.setattr(schema_module, "time", FakeClock(tick=1.0))  # 1 s per clock read
+    monkeypatch.setattr(runner, "time", FakeClock(tick=1.0))  # 1 s per clock read
     with pytest.raises(ContractError) as err:
         engine.decide_schema(CONTEXT, schema, mode="sequential", max_open_tokens=24,
                              time_limit=5.0)

@@ -654,14 +654,14 @@ def test_hostile_numbers_are_client_errors_not_500(client):
 
 
 def test_decisions_bound_open_text_and_wall_time(client, monkeypatch):
-    from onepass import schema
+    from onepass.schema import wire  # parse_decisions reads the bound there
 
     wide = {**DECISIONS, "max_open_tokens": 512, "schema": {"properties": {
         f"t{i}": {"type": "string", "x-open": True} for i in range(5)}}}
     r = client.post("/v1/decisions/schema", json=wide)
     assert r.status_code == 413 and r.json()["error"]["type"] == "max_tokens_exceeded"
     assert r.json()["error"]["field"] == "max_open_tokens"
-    monkeypatch.setattr(schema, "MAX_DECISION_SECONDS", 0.0)  # every run is past it at once
+    monkeypatch.setattr(wire, "MAX_DECISION_SECONDS", 0.0)  # every run is past it at once
     r = client.post("/v1/decisions/schema", json=DECISIONS)
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
     assert "time limit of 0 s per request after 0 of 2 fields" in r.json()["error"]["message"]
