@@ -1,6 +1,6 @@
 """Inter-token latency of streams alone vs beside other model work on the same model.
 
-    python benchmarks/interference.py [--streams 4] [--tokens 48] [--threads 2]
+    python benchmarks/interference.py [--streams 4] [--tokens 48] [--slowdowns 0,1.5]
 
 Every piece of model work the server runs goes through the model's one step scheduler, so a
 decision's open value (a greedy sequence), a decoder embedding and prompt scoring (readings)
@@ -26,6 +26,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+
+from onepass.generate.pace import DEFAULT_STREAM_SLOWDOWN, StepPace  # noqa: E402
 
 CONTEXT = "Taxi from the airport to the hotel, 42 EUR, paid personally; the receipt is missing."
 SCHEMA = {"properties": {"note": {"type": "string", "x-open": True, "maxLength": 400,
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     p.add_argument("--step-tokens", type=int, default=0,
                    help="the scheduler's tokens per step (0: its default)")
+    p.add_argument("--slowdowns", default=f"0,{DEFAULT_STREAM_SLOWDOWN}",
+                   help="the scheduler's stream slowdowns to compare (0: no pace, every step "
+                   "carries other work up to the step budget)")
     args = p.parse_args(argv)
 
     import torch
@@ -120,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         engine.generation_options["step_tokens"] = args.step_tokens
     engine.share_steps()
     gaps(engine, args.streams, 8)  # warm-up: first forwards, arena allocation
+    scheduler = engine.generator.scheduler
     alone = summary(f"{args.streams} streams alone", gaps(engine, args.streams, args.tokens))
-    shared = measure(engine, args, f"{args.streams} streams + other work")
-    print(f"beside other work / alone: median {shared['median'] / alone['median']:.2f}x, "
-          f"p90 {shared['p90'] / alone['p90']:.2f}x")
+    for slowdown in (float(x) for x in args.slowdowns.split(",")):
+        scheduler.pace = StepPace(slowdown) if slowdown else None
+        label = f"+ other work, slowdown {slowdown:g}" if slowdown else "+ other work, no pace"
+        shared = measure(engine, args, label)
+        print(f"{'':<34} / alone: median {shared['median'] / alone['median']:.2f}x, "
+              f"p90 {shared['p90'] / alone['p90']:.2f}x")
     return 0
 
 

@@ -29,7 +29,8 @@ SERVER_FLAGS = ["--host", "--port", "--api-key", "--max-body-bytes", "--max-ques
                 "--max-queue", "--request-deadline", "--workers", "--threads",
                 "--drain-seconds", "--log-level"]
 MODEL_FLAGS = ["--model", "--served-model-name", "--device", "--dtype", "--context-path",
-               "--session-cache-entries", "--session-cache-tokens", "--max-input-tokens"]
+               "--session-cache-entries", "--session-cache-tokens", "--max-input-tokens",
+               "--stream-slowdown"]
 
 
 @pytest.fixture(autouse=True)
@@ -166,6 +167,10 @@ def test_bad_values_are_refused(monkeypatch, capsys):
          "drain_seconds: expected a finite number >= 0, got inf"),
         (["serve", "--port", "0"], {"ONEPASS_REQUEST_DEADLINE": "nan"},
          "request_deadline: expected a finite number > 0, got nan"),
+        (["serve", "--port", "0", "--stream-slowdown", "1"], {},
+         "argument --stream-slowdown: expected 0 or a finite number > 1, got '1'"),
+        (["serve", "--port", "0"], {"ONEPASS_STREAM_SLOWDOWN": "inf"},
+         "ONEPASS_STREAM_SLOWDOWN (environment, for --stream-slowdown): expected 0 or a finite"),
     ],
 )
 def test_bad_flag_or_environment_value_stops_start_up_with_one_line(argv, env, fragment):

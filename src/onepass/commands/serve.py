@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 from dataclasses import replace
@@ -31,6 +32,7 @@ from onepass.commands.common import (
     non_negative_int,
     positive_int,
 )
+from onepass.generate.pace import DEFAULT_STREAM_SLOWDOWN
 from onepass.server.served_models import (
     ModelsConfigError,
     ModelSpec,
@@ -130,9 +132,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env_argument(m, "--max-request-sequences", type=positive_int, default=None,
                  help="per model: the most sequences of one generation request (its n) running "
                  "at once; the rest follow as they end (default: half of --max-concurrency)")
+    env_argument(m, "--stream-slowdown", type=stream_slowdown, default=DEFAULT_STREAM_SLOWDOWN,
+                 help="while streams decode, a step carries only the other work (decisions, "
+                 "prompt chunks, embeddings, scoring) that keeps it within this many times a "
+                 "decode-only step, measured as it runs (default 1.5; 0: the whole step budget, "
+                 "which favours the other work's latency over the streams' pace)")
     env_argument(m, "--default-max-output-tokens", type=positive_int, default=1024,
                  help="per model: the output limit of a generation that names none (default "
                  "1024, capped by the context left)")
+
+
+def stream_slowdown(text: str) -> float:
+    """A finite number > 1, or 0 for no bound."""
+    try:
+        value: float | None = float(text)
+    except ValueError:
+        value = None
+    if value is None or not (value == 0 or 1 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"expected 0 or a finite number > 1, got {text!r}")
+    return value
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -236,7 +254,8 @@ def engine_from_spec(spec: Any, args: argparse.Namespace) -> Any:
     engine.max_concurrency = spec.max_concurrency
     engine.generation_options = {"max_sequences": spec.max_concurrency,
                                  "default_max_output_tokens": spec.default_max_output_tokens,
-                                 "max_request_sequences": args.max_request_sequences}
+                                 "max_request_sequences": args.max_request_sequences,
+                                 "stream_slowdown": args.stream_slowdown or None}
     return engine
 
 

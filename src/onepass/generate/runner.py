@@ -15,6 +15,7 @@ from typing import Any
 from onepass.backends.base import capabilities, fewest_tokens
 from onepass.contract import ContractError
 from onepass.generate.chat import normalize_messages, plain_transcript, starts_with_bos
+from onepass.generate.pace import DEFAULT_STREAM_SLOWDOWN
 from onepass.generate.sampling import SamplingParams, check_vocab
 from onepass.generate.scheduler import (
     DEFAULT_MAX_SEQUENCES,
@@ -56,6 +57,7 @@ class TextGenerator:
         max_waiting: int = 64,
         on_step: Any = None,
         max_request_sequences: int | None = None,
+        stream_slowdown: float | None = DEFAULT_STREAM_SLOWDOWN,
     ):
         if default_max_output_tokens < 1:
             raise ValueError("default_max_output_tokens must be at least 1")
@@ -69,7 +71,7 @@ class TextGenerator:
         self.scheduler = GenerationScheduler(
             steps, max_sequences=max_sequences, step_tokens=step_tokens,
             max_waiting=max_waiting, on_step=on_step, max_request_sequences=max_request_sequences,
-            decision_rows=None if steps is backend else 0,
+            decision_rows=None if steps is backend else 0, stream_slowdown=stream_slowdown,
         )
 
     @property

@@ -34,6 +34,7 @@ import torch
 
 from onepass.backends.base import StepRow
 from onepass.generate.grammar import GrammarError
+from onepass.generate.pace import DEFAULT_STREAM_SLOWDOWN, StepPace
 from onepass.generate.sampling import SamplingParams, TokenHistory, make_generator, sample
 from onepass.generate.streams import (  # noqa: F401  (re-exported: the scheduler's own API)
     Delta,
@@ -177,6 +178,7 @@ class GenerationScheduler:
         on_step: Callable[[int, int], None] | None = None,
         max_request_sequences: int | None = None,
         decision_rows: int | None = None,
+        stream_slowdown: float | None = DEFAULT_STREAM_SLOWDOWN,
     ):
         if max_sequences < 1 or step_tokens < 1 or max_waiting < 1:
             raise ValueError("max_sequences, step_tokens and max_waiting must be positive")
@@ -188,6 +190,9 @@ class GenerationScheduler:
         self.max_request_sequences = min(max_sequences,
                                          max_request_sequences or max(1, max_sequences // 2))
         self.step_tokens = step_tokens
+        # while sequences decode, a step carries only the other tokens that keep its time
+        # within stream_slowdown x a decode-only step (None: the whole step budget)
+        self.pace = StepPace(stream_slowdown) if stream_slowdown else None
         self.max_waiting = max_waiting
         context = backend.context_length
         # room for every sequence at full context, up to 64k rows (allocated lazily, zeroed
@@ -536,8 +541,12 @@ class GenerationScheduler:
                                     decode=True))
                 owners.append(seq)
                 budget -= 1
+        decoding = len(rows)
+        if decoding and self.pace is not None:  # the streams' pace bounds the other work
+            budget = min(budget, self.pace.allowance(budget))
         for task in self._decisions:  # then decisions: prefix rest, then suffixes
-            budget = self._plan_decision(task, rows, owners, budget, first=not rows)
+            budget = self._plan_decision(task, rows, owners, budget,
+                                         first=len(rows) == decoding)
         for seq in self._active:  # then prompt chunks, oldest first, within the budget
             if not seq.decoding and budget > 0:
                 chunk = seq.prompt[seq.computed : seq.computed + budget]
@@ -549,15 +558,19 @@ class GenerationScheduler:
             budget = self._plan_reading(reading, rows, owners, budget)
         if not rows:
             return
+        started = time.monotonic()
         hidden = self.backend.step(self.arena, rows)
+        tokens = sum(len(r.tokens) for r in rows)
         self.steps += 1
-        self.tokens += sum(len(r.tokens) for r in rows)
+        self.tokens += tokens
         if self.on_step:
-            self.on_step(len(rows), sum(len(r.tokens) for r in rows))
+            self.on_step(len(rows), tokens)
         wanted = [i for i, h in enumerate(hidden)
                   if h is not None and isinstance(owners[i], _Sequence)]
         logits = self.backend.vocab_logits(torch.stack([hidden[i] for i in wanted])) if wanted \
             else None
+        if self.pace is not None:
+            self.pace.observe(decoding, tokens - decoding, time.monotonic() - started)
         rows_logits = dict(zip(wanted, logits)) if logits is not None else {}
         for i, (seq, row) in enumerate(zip(owners, rows)):
             if isinstance(seq, _Decision):
