@@ -20,10 +20,16 @@ DATA = SHARED / "data"
 # tests with stated tolerances (tests/test_engine_dtype.py).
 os.environ.setdefault("ONEPASS_DTYPE", "float32")
 
+# Under pytest-xdist (`-n 2`, the README command) each worker owns one core: one compute thread
+# in the worker and in every process it starts, so two workers never fight over both cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("ONEPASS_TEST_THREADS", "1")  # what a training run asks for
+
 
 # Tiers (`pytest -m`). "proof" is a long measured proof, marked where it is written (learning,
 # quantization agreement, calibration, the soak, the live vLLM engine, the benchmark): plain
-# `pytest` (the README command, CI) leaves them out and `pytest -m proof` runs them. "model"
+# `pytest` (the README command, CI) leaves them out and `pytest -m proof -n 0` runs them. "model"
 # (loads the real embedded model) and "process" (in a module that starts other processes: a
 # server, a CLI command, a training run) are marked here from what a test uses; the quick
 # developer loop is `pytest -m "not process"`.
@@ -33,7 +39,15 @@ STARTS_PROCESSES = ("serve(", "serving(", "subprocess", "onepass_command(", "Pop
                     "vllm_server(")
 
 
+# The longest modules (seconds of one run, measured), handed out first so that the two workers
+# do not end with one of them running alone; the rest keep their file order.
+LONGEST_MODULES = ("test_invariance.py", "test_engine_dtype.py", "test_backend_llamacpp.py",
+                   "test_generate_engine.py", "test_engine.py", "test_router.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
     sources: dict[Path, str] = {}
     for item in items:
         path = Path(str(item.fspath))
