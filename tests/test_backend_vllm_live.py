@@ -56,7 +56,6 @@ def sixteen_questions(nonce: int) -> dict:
     return {"state": f"Ticket {nonce}. " + f"{TICKET} " * 40, "questions": questions}
 
 
-@pytest.mark.proof
 def test_vllm_as_remote_engine(vllm_ready, engine, tmp_path):
     port, log = free_port(), tmp_path / "vllm.log"
     start = lambda: vllm_server(resolve(None).path, log, port=port, served_name=SERVED)  # noqa: E731
