@@ -22,6 +22,7 @@ os.environ.setdefault("ONEPASS_DTYPE", "float32")
 
 # Under pytest-xdist (`-n 2`, the README command) each worker owns one core: one compute thread
 # in the worker and in every process it starts, so two workers never fight over both cores.
+# Both workers must collect the same test ids: no clock, randomness or set order in parametrize.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("ONEPASS_TEST_THREADS", "1")  # what a training run asks for
