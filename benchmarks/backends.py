@@ -46,6 +46,11 @@ def request(nonce: int) -> dict:
     return {"state": state, "questions": questions}
 
 
+def bench_threads() -> int:
+    """The threads every backend here computes on: the benchmark's own ``OMP_NUM_THREADS``."""
+    return int(os.environ.get("OMP_NUM_THREADS", "2") or 2)
+
+
 def timed(engine, reps: int) -> tuple[float, float]:
     miss, hit = [], []
     for r in range(reps):
@@ -77,9 +82,8 @@ def vllm_rows(args: argparse.Namespace) -> list[tuple[str, float, float]]:
                     "model": model, "prompt": [*prefix, *suffix], "max_tokens": 1,
                     "temperature": 0.0, "logprobs": 20}).raise_for_status()
 
-    threads = int(os.environ.get("OMP_NUM_THREADS", "2") or 2)
     with vllm_server(resolve(args.model).path, Path("/tmp/bench_vllm.log"),
-                     dtype=args.vllm_dtype, compiled=True, threads=threads) as url:
+                     dtype=args.vllm_dtype, compiled=True, threads=bench_threads()) as url:
         front = DecisionEngine.from_pretrained(args.model, backend="remote", engine="vllm",
                                                engine_url=url)
         front.answer(request(999))  # the first request compiles vLLM's remaining kernels
@@ -171,7 +175,7 @@ def main() -> None:
         return
     from onepass.engine import DecisionEngine
 
-    threads = int(os.environ.get("OMP_NUM_THREADS", "2") or 2)
+    threads = bench_threads()
     rows = []
     for name in args.backends.split(","):
         if name in ("torch", "llamacpp"):
