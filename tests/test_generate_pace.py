@@ -33,6 +33,8 @@ def test_the_allowance_is_what_fits_in_the_slowdown():
     assert pace.allowance(512) == 30  # 0.5 x 150 ms / 2.5 ms
     assert pace.allowance(20) == 20
     assert StepPace(3.0, decode_seconds=0.150, token_seconds=0.0025).allowance(512) == 120
+    # a huge slowdown over a tiny token cost overflows a float: the budget, never an error
+    assert StepPace(1e308, decode_seconds=0.1, token_seconds=1e-6).allowance(512) == 512
 
 
 def test_estimates_follow_the_newest_steps_and_never_stop_the_other_work():

@@ -44,8 +44,8 @@ class StepPace:
         """Other tokens a step with decode tokens may carry, within ``budget``."""
         if self.decode_seconds is None or self.token_seconds is None:
             return min(budget, self.floor)
-        fits = int((self.slowdown - 1.0) * self.decode_seconds / self.token_seconds)
-        return max(min(budget, self.floor), min(budget, fits))
+        fits = (self.slowdown - 1.0) * self.decode_seconds / self.token_seconds
+        return max(min(budget, self.floor), int(min(budget, fits)))  # a float may be inf
 
     def observe(self, decode_tokens: int, other_tokens: int, seconds: float) -> None:
         """Fold one step's time into the estimates."""
