@@ -54,3 +54,25 @@ def test_bench_writes_every_section(engine, data_dir, tmp_path):
     assert json.loads((folder / "report.json").read_text())["limit"] == 3
     assert (folder / "reliability_banking77.png").stat().st_size > 5_000
     assert "banking77 rotations" in stages
+
+
+def test_bench_measures_only_the_readings_asked_for(engine, data_dir, tmp_path):
+    """``--debias-settings none``: one reading (and its calibration) per dataset, and the
+    flip rate and latency for that reading alone."""
+    config = BenchConfig(data_dir=data_dir, output=tmp_path / "bench", limit=3, fit_limit=8,
+                         teach=(), flip_records=2, latency_requests=1, domains=None,
+                         datasets=("banking77",), banking_intents=BANKING_SUBSET[:3],
+                         debias_settings=("none",))
+    report = run(engine, config)
+    assert set(report["results"]["banking77"]) == {"none", "none+calibration"}
+    assert set(report["flip"]) == set(report["latency"]) == {"none"}
+
+
+@pytest.mark.parametrize("value", ["bogus", "", "none,,bogus", "rotations+bogus"])
+def test_bench_refuses_an_unknown_reading_naming_the_flag(value, capsys):
+    from onepass.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--debias-settings", value])
+    assert exit_info.value.code == 2
+    assert "--debias-settings" in capsys.readouterr().err

@@ -62,6 +62,7 @@ class BenchConfig:
     datasets: Sequence[str] = DATASETS  # the first one also gives flip/latency
     banking_intents: Sequence[str] = BANKING_SUBSET
     compare_combine: bool = True  # also score rotations combined by mean log-probability
+    debias_settings: Sequence[str] = DEBIAS_SETTINGS  # the readings compared
     settings: dict[str, Any] = field(default_factory=dict)  # what was loaded, for the report
 
 
@@ -248,7 +249,8 @@ def run(engine: Any, config: BenchConfig, tick: Tick | None = None) -> dict[str,
         return C.collect(eng, records, debias=debias,
                          on_record=lambda done: tick(stage, done, len(records)))
 
-    for debias in DEBIAS_SETTINGS:
+    modes = config.debias_settings
+    for debias in modes:
         for name, parts in data.items():
             test = collect(engine, parts["test"], debias, f"{name} {debias}")
             results[name][debias] = quality(test)
@@ -276,10 +278,10 @@ def run(engine: Any, config: BenchConfig, tick: Tick | None = None) -> dict[str,
                                                "context_tokens": taught.pinned_tokens}
     first = data[config.datasets[0]]["test"]
     flips = {debias: flip_rate(engine, first[: config.flip_records], debias, config.seed)
-             for debias in DEBIAS_SETTINGS}
+             for debias in modes}
     tick("flip rate", 1, 1)
     lat = {debias: latency(engine, first[: config.latency_requests], debias)
-           for debias in DEBIAS_SETTINGS}
+           for debias in modes}
     tick("latency", 1, 1)
     jev: dict[str, Any] = {}
     report = {"identity": identity, "settings": config.settings, "limit": config.limit,
@@ -289,7 +291,7 @@ def run(engine: Any, config: BenchConfig, tick: Tick | None = None) -> dict[str,
               "jevbench": jev}
     write(report, Path(config.output))  # what is measured so far survives a JevBench fault
     if config.domains:
-        for debias in DEBIAS_SETTINGS:
+        for debias in modes:
             jev[debias] = jevbench(engine, config.domains, debias)
             tick(f"jevbench {debias}", 1, 1)
             write(report, Path(config.output))

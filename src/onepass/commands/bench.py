@@ -13,9 +13,10 @@ frozen mini suite (--domains) against the HTTP app served in this process; laten
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
-from onepass.bench import DATASETS
+from onepass.bench import DATASETS, DEBIAS_SETTINGS
 from onepass.commands.common import (
     add_model_arguments,
     default_data_dir,
@@ -40,13 +41,17 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _names(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in DATASETS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated names from {', '.join(DATASETS)}, got {text!r}")
-    return names
+def _subset(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a non-empty comma-separated list of names from ``allowed``."""
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names or any(n not in allowed for n in names):
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated names from {', '.join(allowed)}, got {text!r}")
+        return names
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,9 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests timed per setting (default 10)")
     parser.add_argument("--domains", default="customer_support,ecommerce_returns",
                         help="JevBench mini domains, comma-separated; 'none' skips JevBench")
-    parser.add_argument("--datasets", type=_names, default=list(DATASETS),
+    parser.add_argument("--datasets", type=_subset(DATASETS), default=list(DATASETS),
                         help="comma-separated, the first also gives the flip rate and latency "
                         f"(default {','.join(DATASETS)})")
+    parser.add_argument("--debias-settings", type=_subset(DEBIAS_SETTINGS),
+                        default=list(DEBIAS_SETTINGS),
+                        help="the readings compared, comma-separated (default "
+                        f"{','.join(DEBIAS_SETTINGS)})")
     parser.add_argument("--seed", type=int, default=0, help="record selection (default 0)")
     parser.add_argument("--names-only", action="store_true",
                         help="CLINC150 options by name, without their descriptions (a third "
@@ -104,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit, fit_limit=args.fit_limit, teach=args.teach,
         flip_records=args.flip_records, latency_requests=args.latency_requests,
         domains=domains, seed=args.seed, describe=not args.names_only, datasets=args.datasets,
+        debias_settings=args.debias_settings,
         settings={"model": args.model, "dtype": args.dtype, "adapter": args.adapter,
                   "context_path": args.context_path},
     )
