@@ -33,12 +33,12 @@ the base on every held-out measure.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+import distil_mix  # beside this file: scripts/ is sys.path[0] when it runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = "qwen2.5-coder-1.5b-instruct"
@@ -51,14 +51,6 @@ TEACHER_DEBIAS = "name-order"
 TRAIN_FLAGS = ("--method", "lora", "--lora-rank", "8", "--lora-alpha", "16",
                "--lora-layers", "8", "--learning-rate", "1e-3", "--lr-schedule", "constant",
                "--warmup-steps", "10", "--batch-size", "4", "--seed", "0")
-
-
-def _mix_module() -> Any:
-    spec = importlib.util.spec_from_file_location("distil_mix", ROOT / "scripts" / "distil_mix.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["distil_mix"] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -80,13 +72,11 @@ def unlabelled(record: dict[str, Any]) -> dict[str, Any]:
 
 def distribution(answer: dict[str, Any], question: dict[str, Any]) -> dict[str, float]:
     """An engine answer as a target, keyed as the dataset names candidates: noul yes/no, a
-    choice's option keys, a score's level names."""
-    if answer["type"] == "noul":
-        return {"yes": answer["noul"], "no": 1.0 - answer["noul"]}
-    if answer["type"] == "choice":
-        return dict(answer["probabilities"])
-    levels = question["criteria"]
-    return {levels[int(i)]: p for i, p in answer["probabilities"].items()}
+    choice's option keys, a score's level names (the answer's own order, which is theirs)."""
+    from onepass.evaluate import answer_distribution
+
+    names = ("yes", "no") if question["type"] == "noul" else tuple(question["criteria"])
+    return dict(zip(names, answer_distribution(answer), strict=True))
 
 
 def blend(teacher: dict[str, float], gold: str, gold_weight: float) -> dict[str, float]:
@@ -101,13 +91,9 @@ def blend(teacher: dict[str, float], gold: str, gold_weight: float) -> dict[str,
 
 
 def stage_mix(args: argparse.Namespace) -> None:
-    mix = _mix_module()
     for split, n in (("train", args.train_states), ("heldout", args.heldout_states)):
-        items = mix.generate(split, n, seed=args.seed)
-        _write_jsonl(args.work / f"mix.{split}.jsonl", [i.record for i in items])
-        _write_jsonl(args.work / f"mix.{split}.meta.jsonl",
-                     [{"domain": i.domain, "layout": i.layout, "templates": list(i.templates)}
-                      for i in items])
+        items = distil_mix.generate(split, n, seed=args.seed)
+        distil_mix.write(items, args.work / f"mix.{split}.jsonl")
         print(f"mix {split}: {len(items)} states, "
               f"{sum(len(i.record['questions']) for i in items)} questions")
 
@@ -199,15 +185,15 @@ def accuracy(records: list[dict[str, Any]], answers: list[dict[str, Any]],
 def stage_evaluate(args: argparse.Namespace) -> None:
     """Held-out accuracy of the base, the tuned adapter (both float32, the default debias) and
     the teacher (its labels), side by side in evaluate.json."""
-    from onepass.engine import DecisionEngine
-
-    records = _read_jsonl(args.work / "mix.heldout.jsonl")[: args.eval_limit or None]
-    meta = _read_jsonl(args.work / "mix.heldout.meta.jsonl")
-    heldout = frozenset(_mix_module().HELDOUT_DOMAINS)
-    report: dict[str, Any] = {}
     import torch
 
+    from onepass.engine import DecisionEngine
+
     torch.set_num_threads(args.threads)
+    records = _read_jsonl(args.work / "mix.heldout.jsonl")[: args.eval_limit or None]
+    meta = _read_jsonl(args.work / "mix.heldout.meta.jsonl")
+    heldout = frozenset(distil_mix.HELDOUT_DOMAINS)
+    report: dict[str, Any] = {}
     for name in args.models.split(","):
         adapter = {"base": None, "tuned": args.work / "adapter"}[name]
         out = args.work / f"answers.{name}.heldout.jsonl"

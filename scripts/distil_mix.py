@@ -9,9 +9,9 @@ domains and wordings it was never trained on. Standard library only.
 import argparse
 import json
 import random
-import sys
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -1041,7 +1041,8 @@ def _choice(rng, d, gold, held) -> tuple[dict, str]:
     if len(opts) < k:
         used = {c[0] for c in d["cats"]}
         fam = _families(d)
-        pool = [c for o in _DOMAINS[:16] if o["pool"] and not fam & _families(o)
+        pool = [c for o in map(_BY_NAME.get, TRAIN_DOMAINS)
+                if o["pool"] and not fam & _families(o)
                 for c in o["cats"] if c[0] not in used]
         rng.shuffle(pool)
         for c in pool:
@@ -1075,6 +1076,17 @@ def _noul(rng, d, kind, pos, neg, truth, held, form) -> tuple[dict, str]:
     gold = truth if i < 4 else not truth
     q = {"type": "noul", "instructions": text, "answer": "yes" if gold else "no"}
     return q, f"{d['name']}.{kind}.{i}"
+
+
+def _noul_unit(rng, d, kind, pos, neg, truth, held) -> list[tuple[dict, str]]:
+    """One yes/no question about a claim, or (a quarter of the time) the claim and its negation
+    as a complementary pair in random order."""
+    if rng.random() < 0.25:
+        pair = [_noul(rng, d, kind, pos, neg, truth, held, "pos"),
+                _noul(rng, d, kind, pos, neg, truth, held, "neg")]
+        rng.shuffle(pair)
+        return pair
+    return [_noul(rng, d, kind, pos, neg, truth, held, None)]
 
 
 def _cat_claims(d, cat) -> tuple[str, str]:
@@ -1132,26 +1144,12 @@ def _build(rng: random.Random, d: dict, held: bool | None) -> Item:
                 target, truth = cat, True
             else:
                 target, truth = rng.choice([c for c in d["cats"] if c is not cat]), False
-            pos, neg = _cat_claims(d, target)
-            if rng.random() < 0.25:
-                pair = [_noul(rng, d, "is", pos, neg, truth, held, "pos"),
-                        _noul(rng, d, "is", pos, neg, truth, held, "neg")]
-                rng.shuffle(pair)
-                return pair
-            return [_noul(rng, d, "is", pos, neg, truth, held, None)]
+            return _noul_unit(rng, d, "is", *_cat_claims(d, target), truth, held)
         units.append(cat_noul)
     if "score" in attrs:
         units.append(lambda: [_score(rng, d, level, held)])
     if "fact" in attrs:
-        def fact_noul():
-            pos, neg = d["fact"][0], d["fact"][1]
-            if rng.random() < 0.25:
-                pair = [_noul(rng, d, "fact", pos, neg, fact, held, "pos"),
-                        _noul(rng, d, "fact", pos, neg, fact, held, "neg")]
-                rng.shuffle(pair)
-                return pair
-            return [_noul(rng, d, "fact", pos, neg, fact, held, None)]
-        units.append(fact_noul)
+        units.append(lambda: _noul_unit(rng, d, "fact", d["fact"][0], d["fact"][1], fact, held))
     rng.shuffle(units)
     target = rng.randint(1, 4)
     qs: list[tuple[dict, str]] = []
@@ -1197,6 +1195,19 @@ def summarize(items: list[Item]) -> str:
             + "; layouts: " + ", ".join(f"{k}={layouts[k]}" for k in LAYOUTS))
 
 
+def write(items: list[Item], path: Path) -> Path:
+    """The records to ``path`` (JSONL) and where each came from to its ``.meta.jsonl`` sidecar
+    (``mix.jsonl`` -> ``mix.meta.jsonl``); returns the sidecar's path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = path.with_name(path.name.removesuffix(".jsonl") + ".meta.jsonl")
+    with path.open("w", encoding="utf-8") as f, meta.open("w", encoding="utf-8") as m:
+        for it in items:
+            f.write(json.dumps(it.record, ensure_ascii=False) + "\n")
+            m.write(json.dumps({"domain": it.domain, "layout": it.layout,
+                                "templates": list(it.templates)}, ensure_ascii=False) + "\n")
+    return meta
+
+
 def main(argv=None) -> int:
     """CLI: write the mix as JSONL plus a FILE.meta.jsonl sidecar."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1206,14 +1217,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True)
     args = parser.parse_args(argv)
     items = generate(args.split, args.states, args.seed)
-    out = args.output
-    meta = out[:-len(".jsonl")] + ".meta.jsonl" if out.endswith(".jsonl") else out + ".meta.jsonl"
-    with open(out, "w", encoding="utf-8") as f, open(meta, "w", encoding="utf-8") as m:
-        for it in items:
-            f.write(json.dumps(it.record, ensure_ascii=False) + "\n")
-            m.write(json.dumps({"domain": it.domain, "layout": it.layout,
-                                "templates": list(it.templates)}, ensure_ascii=False) + "\n")
-    print(summarize(items), file=sys.stdout)
+    write(items, Path(args.output))
+    print(summarize(items))
     return 0
 
 
