@@ -114,3 +114,54 @@ def test_the_load_time_probe_names_the_scheme_it_applied():
     with torch.inference_mode():
         whole = model(x)
         assert torch.equal(model(x[-1:]), whole[-1:])  # whichever scheme, a row alone agrees
+
+
+def test_the_probe_is_remembered_per_key_and_a_bad_entry_is_probed_again(tmp_path,
+                                                                          monkeypatch):
+    """A second load with the same key applies the remembered scheme without probing, and a
+    row alone still reads the same bits; another thread count (a key fact) probes anew; an
+    unreadable entry is probed again and rewritten."""
+    import onepass.backends.rows as rows
+
+    probes = []
+    agree = rows._rows_agree
+    monkeypatch.setattr(rows, "_rows_agree", lambda m, d: probes.append(1) or agree(m, d))
+
+    def fresh() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 8))
+
+    first = make_rows_invariant(fresh(), memo=tmp_path)
+    probed = len(probes)
+    assert probed >= 1 and len(list(tmp_path.glob("*.json"))) == 1
+    model = fresh()
+    assert make_rows_invariant(model, memo=tmp_path) == first and len(probes) == probed
+    x = torch.randn(40, 32)
+    with torch.inference_mode():
+        assert torch.equal(model(x[-1:]), model(x)[-1:])
+    entry = next(tmp_path.glob("*.json"))
+    entry.write_text("{not json")
+    assert make_rows_invariant(fresh(), memo=tmp_path) == first and len(probes) > probed
+    assert rows._recall(entry) == first  # rewritten whole
+    threads = torch.get_num_threads()
+    before = len(probes)
+    try:
+        torch.set_num_threads(threads + 1)
+        make_rows_invariant(fresh(), memo=tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(probes) > before and len(list(tmp_path.glob("*.json"))) == 2
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_probe_key_names_shape_dtype_and_kind():
+    from onepass.backends.rows import probe_key
+
+    a = [nn.Linear(32, 32)]
+    assert probe_key(a, torch.float32) == probe_key([nn.Linear(32, 32)], torch.float32)
+    assert probe_key(a, torch.float32) != probe_key(a, torch.bfloat16)
+    assert probe_key(a, torch.float32) != probe_key([nn.Linear(32, 33)], torch.float32)
+    assert probe_key(a, torch.float32) != probe_key([nn.Linear(32, 32, bias=False)],
+                                                    torch.float32)
+    quantized = QuantizedLinear.from_linear(nn.Linear(32, 32), codec_for("fp8"))
+    assert probe_key(a, torch.float32) != probe_key([quantized], torch.float32)

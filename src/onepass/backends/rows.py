@@ -5,12 +5,21 @@ beside other requests, on a cache miss or a hit only if every linear does too; a
 libraries pick kernels (and summation orders) by the number of rows. At load,
 :func:`make_rows_invariant` probes the model's own linears and either pads short calls
 (enough where the kernels agree from a few rows on) or runs every call in fixed row blocks.
+The probe's finding is remembered per machine, library build, thread count, dtype and linear
+shapes (:func:`probe_key`), so a second load on the same machine applies it without probing.
 Training (gradients enabled) runs plain calls: there gradients matter, not last bits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,7 +54,10 @@ block; AMD EPYC, 2 threads, ``benchmarks/row_blocks.py``); bfloat16's ``bmm`` ta
 on CPU (4.6x for 32-row blocks, against 1.8x per call), so bfloat16 blocks run a call each."""
 
 
-def make_rows_invariant(model: Any) -> str:
+SCHEMES = ("padded", "blocked", "blocked per call")
+
+
+def make_rows_invariant(model: Any, memo: Path | None = None) -> str:
     """Make every linear of ``model`` give a row the same bits whatever else its call holds,
     on this CPU, by the cheapest scheme a probe of the model's own linears (row counts from 1
     to 700) finds sufficient, once, at load:
@@ -54,23 +66,101 @@ def make_rows_invariant(model: Any) -> str:
     * ``"blocked"``: every product on fixed :data:`ROW_BLOCK`-row blocks, all of a call's
       blocks in one batched matmul, for the dtypes in :data:`BATCHED_BLOCKS` where the probe
       finds that invariant;
-    * ``"blocked per call"``: one call per block, invariant by construction, otherwise."""
+    * ``"blocked per call"``: one call per block, invariant by construction, otherwise.
+
+    ``memo``: a folder where the finding is kept under :func:`probe_key`, so the next load
+    with the same key applies it without the probe (about half of a small model's load time
+    on a 2-core CPU); an unreadable entry is probed again and rewritten."""
     pad_short_rows(model)
     floats = (torch.float32, torch.bfloat16, torch.float16)  # the activations' dtype, not a code
     dtype = next((p.dtype for p in model.parameters() if p.dtype in floats), torch.float32)
     linears = [m for m in model.modules() if type(m).__name__.endswith("Linear")]
+    entry = memo / f"{probe_key(linears, dtype)}.json" if memo is not None else None
+    scheme = _recall(entry)
+    if scheme is None:
+        scheme = _probe(linears, dtype)
+        _remember(entry, scheme)
+    else:
+        _apply(linears, dtype, scheme)
+    return scheme
+
+
+def _probe(linears: list[Any], dtype: torch.dtype) -> str:
+    """Find and apply the cheapest invariant scheme (see :func:`make_rows_invariant`)."""
     shapes = {(m.in_features, m.out_features): m for m in linears}  # one probe per shape
     if all(_rows_agree(m, dtype) for m in shapes.values()):
         return "padded"
-    block = ROW_BLOCK.get(dtype, 8)
     if BATCHED_BLOCKS.get(dtype, False):
-        for module in linears:
-            block_rows(module, block)
+        _apply(linears, dtype, "blocked")
         if all(_rows_agree(m, dtype) for m in shapes.values()):
             return "blocked"
-    for module in linears:
-        block_rows(module, block, batched=False)
+    _apply(linears, dtype, "blocked per call")
     return "blocked per call"
+
+
+def _apply(linears: list[Any], dtype: torch.dtype, scheme: str) -> None:
+    if scheme != "padded":
+        for module in linears:
+            block_rows(module, ROW_BLOCK.get(dtype, 8), batched=scheme == "blocked")
+
+
+def probe_key(linears: list[Any], dtype: torch.dtype) -> str:
+    """A digest of everything a matmul library picks its kernels by: the processor (model and
+    instruction-set flags), the torch build and its CPU capability, the thread count, the
+    variables that steer MKL and oneDNN, the device, the dtype and the linears' kinds and
+    shapes. Two loads with one key run the same kernels, so the probe would find the same."""
+    device = next((p.device for m in linears for p in m.parameters()), torch.device("cpu"))
+    facts = {
+        "processor": _processor(),
+        "torch": torch.__version__,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "environment": {k: os.environ.get(k) for k in (
+            "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+            "ATEN_CPU_CAPABILITY")},
+        "device": str(device),
+        "accelerator": (torch.cuda.get_device_name(device) if device.type == "cuda" else None),
+        "dtype": str(dtype),
+        "linears": sorted({(type(m).__name__, m.in_features, m.out_features,
+                            getattr(m, "bias", None) is not None) for m in linears}),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _processor() -> str:
+    """The CPU's model name and flags (Linux), else what ``platform`` knows."""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        wanted = ("model name", "flags", "Features", "CPU part")
+        return "\n".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in wanted}))
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def _recall(entry: Path | None) -> str | None:
+    if entry is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        scheme = json.loads(entry.read_text()).get("scheme")
+        if scheme in SCHEMES:
+            return scheme
+    return None
+
+
+def _remember(entry: Path | None, scheme: str) -> None:
+    """Write the finding atomically (a concurrent load reads a whole entry or none); a cache
+    that cannot be written costs the next load a probe, nothing else."""
+    if entry is None:
+        return
+    with contextlib.suppress(OSError):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"scheme": scheme}, f)
+            os.replace(tmp, entry)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 @torch.inference_mode()

@@ -41,7 +41,7 @@ from onepass.backends.kv_arena import ArenaCache, KVArena
 from onepass.backends.packed_attention import Segment, Segments
 from onepass.backends.rows import make_rows_invariant
 from onepass.cache import CacheStats, PrefixCache
-from onepass.models import check_family
+from onepass.models import cache_dir, check_family
 from onepass.quant.artifact import (
     QuantizeError,
     load_quantized,
@@ -145,7 +145,7 @@ class TorchBackend:
         if attention == "sdpa":
             model.set_attn_implementation(packed_attention.NAME)
         self._segmented = attention in ("sdpa", packed_attention.NAME)
-        self.row_scheme = make_rows_invariant(model)
+        self.row_scheme = make_rows_invariant(model, memo=cache_dir() / "row-schemes")
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self.quantization: str | None = None
