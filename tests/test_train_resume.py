@@ -4,6 +4,7 @@ epoch follow validation loss."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -164,6 +165,8 @@ def test_a_run_that_does_not_beat_the_untrained_model_warns(base, dataset, tmp_p
     text = console.export_text()
     assert f"untrained: validation loss {before['loss']:.4f}" in text
     assert "does not beat the untrained model" in text
+    steps = summary["history"][0]["steps"]  # no bar (show_progress off): plain lines instead
+    assert re.search(rf"epoch 1/1: {steps}/{steps} batches, loss [0-9.]+, [0-9.]+ q/s", text)
 
     cfg = config(base, dataset, tmp_path / "p", epochs=1)  # no validation: nothing to compare
     train(cfg, console=Console(record=True), show_progress=False)

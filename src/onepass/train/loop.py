@@ -581,11 +581,14 @@ def train(
                 state["micro_batch"] = i
                 elapsed = max(time.perf_counter() - t0, 1e-9)
                 state["epoch_seconds"] = seconds_before + elapsed
-                progress.update(
-                    task, completed=i,
-                    loss=f"{state['epoch_loss_sum'] / state['epoch_questions']:.4f}",
-                    speed=f"{seen / elapsed:.2f} q/s {tokens / elapsed:,.0f} tok/s",
-                )
+                shown = {"loss": f"{state['epoch_loss_sum'] / state['epoch_questions']:.4f}",
+                         "speed": f"{seen / elapsed:.2f} q/s {tokens / elapsed:,.0f} tok/s"}
+                progress.update(task, completed=i, **shown)
+                tenth = max(1, len(groups) // 10)
+                if not show_progress and i // tenth != (i - len(window)) // tenth:
+                    # no bar (a log file, a pipe): a plain line every tenth of the epoch
+                    console.print(f"epoch {epoch + 1}/{run.epochs}: {i}/{len(groups)} batches, "
+                                  f"loss {shown['loss']}, {shown['speed']}")
                 if run.checkpoint_steps and state["step"] % run.checkpoint_steps == 0:
                     checkpoint()
             progress.remove_task(task)
