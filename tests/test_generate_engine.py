@@ -28,11 +28,13 @@ def chat_ids(engine, text: str) -> list[int]:
 
 
 def greedy_by_recomputation(backend, prompt: list[int], n: int) -> list[int]:
-    """The naive reference: one full forward of the whole sequence per new token."""
+    """The naive reference: one full forward of the whole sequence per new token (the output
+    rows projected at its last position only: the other positions' logits go unread)."""
     ids, out = list(prompt), []
     with torch.inference_mode():
         for _ in range(n):
-            token = int(backend.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            logits = backend.model(input_ids=torch.tensor([ids]), logits_to_keep=1).logits
+            token = int(logits[0, -1].argmax())
             if token in backend.eos_ids:
                 break
             out.append(token)
