@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from prompt_formats import predicted  # benchmarks/ is sys.path[0] when run as a script
 from rich.progress import track
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,15 +47,6 @@ def fastjev_gold(question: dict) -> str:
     if question["type"] == "score":
         return str(question["criteria"].index(question["answer"]))
     return question["answer"]
-
-
-def onepass_top(answer: dict) -> str:
-    if answer["type"] == "noul":
-        return "yes" if answer["noul"] >= 0.5 else "no"
-    if answer["type"] == "choice":
-        return answer["choice"]
-    probabilities = answer["probabilities"]
-    return answer["legend"][max(probabilities, key=probabilities.get)]
 
 
 def main() -> None:
@@ -94,7 +86,7 @@ def main() -> None:
                                  for n, q in kept.items()}}
         answers = engine.answer(request)["answers"]
         for name, question in kept.items():
-            right = onepass_top(answers[name]) == question["answer"]
+            right = predicted(answers[name]) == question["answer"]
             for key in ("all", question["type"]):
                 hits["onepass"][key].append(right)
     keys = ("all", "noul", "choice", "score")

@@ -557,6 +557,7 @@ def train(
             seen, tokens, t0 = 0, 0, time.perf_counter()  # this session: throughput only
             seconds_before = state["epoch_seconds"]
             i = state["micro_batch"]
+            tenth = max(1, len(groups) // 10)  # without a bar: a line this often
             while i < len(groups):
                 window = groups[i : i + run.gradient_accumulation_steps]
                 n_window = sum(len(g) for g in window)
@@ -584,7 +585,6 @@ def train(
                 shown = {"loss": f"{state['epoch_loss_sum'] / state['epoch_questions']:.4f}",
                          "speed": f"{seen / elapsed:.2f} q/s {tokens / elapsed:,.0f} tok/s"}
                 progress.update(task, completed=i, **shown)
-                tenth = max(1, len(groups) // 10)
                 if not show_progress and i // tenth != (i - len(window)) // tenth:
                     # no bar (a log file, a pipe): a plain line every tenth of the epoch
                     console.print(f"epoch {epoch + 1}/{run.epochs}: {i}/{len(groups)} batches, "
