@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 
 import httpx
 import pytest
@@ -229,14 +228,19 @@ def test_a_served_decision_reads_the_same_bits_alone_among_sixteen_and_beside_a_
 
     alone = ask({"probe": PROBE})
     assert ask({**CROWD, "probe": PROBE})["probe"] == alone["probe"]
+    body = {"model": "jev-latest", "temperature": 0, "max_tokens": 4 * TOKENS,
+            "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "Describe the water cycle, step by step."}]}
     beside: dict = {}
-    stream = threading.Thread(target=chat, args=(worker, True, 2 * TOKENS))  # outlasts 3 asks
-    stream.start()  # its prompt chunk and decode rows share the decision's steps
-    try:
-        for i in range(3):
+    with httpx.stream("POST", worker + "/v1/chat/completions", json=body, timeout=600) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # it is decoding now
+        for i in range(3):  # its decode rows share the decision's steps
             beside[i] = ask({**CROWD, "probe": PROBE})["probe"]
-    finally:
-        stream.join()
+        # 512 tokens at one thread outlast the three asks many times over; closing the
+        # stream cancels what is left of it (the decisions are what this test reads)
+        assert next(line for line in lines if line.startswith("data: {"))
     assert all(b == alone["probe"] for b in beside.values()), beside
 
 
