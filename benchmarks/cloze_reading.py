@@ -31,15 +31,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from prompt_formats import accuracy  # beside this file: one question per record here
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
 from onepass import prompt as P
-from onepass.datasets import (
-    clinc150_domain_routing,
-    strip_answers,
-)
+from onepass.datasets import clinc150_domain_routing
 from onepass.engine import DecisionEngine
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -155,13 +153,7 @@ def main() -> None:
     results: dict[str, dict[str, tuple[float, int]]] = {}
     for name, records in (("verbatim", verbatim_sets()[1][: args.limit]),
                           ("clinc150", clinc_set(args.limit))):
-        row: dict[str, tuple[float, int]] = {}
-        right = 0
-        for record in track(records, description=f"{name}: engine", transient=True):
-            request, gold = strip_answers(record)
-            (qname,) = gold
-            right += engine.answer(request)["answers"][qname]["choice"] == gold[qname]
-        row["engine"] = (right / len(records), len(records))
+        row = {"engine": (accuracy(engine, records, f"{name}: engine"), len(records))}
         for how in ("letter", "name"):
             row[f"listed, {how}"] = read(
                 backend, records,

@@ -194,14 +194,19 @@ def worker(tmp_path_factory, auto_dtype):
         yield url
 
 
-def chat(url: str, stream: bool, tokens: int = TOKENS) -> str:
-    body = {"model": "jev-latest", "temperature": 0, "max_tokens": tokens, "ignore_eos": True,
+def chat_body(stream: bool, tokens: int = TOKENS) -> dict:
+    """A greedy chat request of exactly ``tokens`` tokens (end-of-sequence ignored)."""
+    return {"model": "jev-latest", "temperature": 0, "max_tokens": tokens, "ignore_eos": True,
             "stream": stream,
             "messages": [{"role": "user", "content": "Describe the water cycle, step by step."}]}
+
+
+def chat(url: str, stream: bool) -> str:
+    body = chat_body(stream)
     if not stream:
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
         assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == tokens
+        assert r.json()["usage"]["completion_tokens"] == TOKENS
         return r.json()["choices"][0]["message"]["content"]
     text = []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
@@ -228,11 +233,9 @@ def test_a_served_decision_reads_the_same_bits_alone_among_sixteen_and_beside_a_
 
     alone = ask({"probe": PROBE})
     assert ask({**CROWD, "probe": PROBE})["probe"] == alone["probe"]
-    body = {"model": "jev-latest", "temperature": 0, "max_tokens": 4 * TOKENS,
-            "ignore_eos": True, "stream": True,
-            "messages": [{"role": "user", "content": "Describe the water cycle, step by step."}]}
     beside: dict = {}
-    with httpx.stream("POST", worker + "/v1/chat/completions", json=body, timeout=600) as r:
+    with httpx.stream("POST", worker + "/v1/chat/completions",
+                      json=chat_body(True, 4 * TOKENS), timeout=600) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: {"))  # it is decoding now
